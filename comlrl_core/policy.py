@@ -1,0 +1,123 @@
+"""The policy contract: one agent's text policy, trainable or not.
+
+Learners see agents only through :class:`Policy`. Implementations:
+
+* ``comlrl_core.hf_policy.TransformersPolicy`` -- a transformers causal LM
+  (optionally LoRA through peft), trainable, GPU-ready.
+* ``comlrl_core.simple_policies.CallablePolicy`` / ``RemotePolicy`` -- plain Python
+  callables or a remote model; generate only (for evaluation and experts).
+
+``generate`` works on prompts x samples in one call; ``sequence_logprobs`` scores
+completions token by token, counting every real completion token (EOS included)
+and never a pad.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Literal, Sequence
+
+if TYPE_CHECKING:  # torch is heavy; the contract itself does not need it at import time
+    import torch
+
+FinishReason = Literal["eos", "length", "stop", "error"]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling settings. ``temperature == 0`` means greedy decoding."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k filtering
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+
+@dataclass
+class Completion:
+    """One sampled response.
+
+    ``token_ids`` are the completion tokens exactly as generated, EOS included when
+    the model stopped on it, pads never. ``prompt_token_ids`` are the prompt tokens the
+    model was conditioned on (after the chat template), so that log-probs can be
+    recomputed without re-tokenising.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason = "eos"
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+
+class Policy(abc.ABC):
+    """One agent's text policy."""
+
+    #: a short human-readable name (model id or alias), used in logs
+    name: str = "policy"
+    #: whether ``sequence_logprobs`` / ``parameters`` are meaningful
+    trainable: bool = False
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[str],
+        num_samples: int = 1,
+        generation_config: GenerationConfig | None = None,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        """Sample ``num_samples`` completions for each prompt.
+
+        Returns one list per prompt, each of length ``num_samples``.
+        """
+
+    # -- trainable policies -------------------------------------------------------
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids the model is conditioned on for ``prompt`` (chat template applied)."""
+        raise NotImplementedError(f"{type(self).__name__} has no tokenizer")
+
+    def token_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Per-token log-probs of each completion given its prompt.
+
+        Returns ``(logprobs, mask)``, both ``[batch, max_completion_len]``; ``mask`` is 1
+        on real completion tokens and 0 on padding. Differentiable.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not trainable")
+
+    def sequence_logprobs(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        per_token: bool = False,
+    ) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
+        """Summed log-prob of each completion (``[batch]``), or per token with its mask."""
+        logprobs, mask = self.token_logprobs(prompt_ids, completion_ids)
+        if per_token:
+            return logprobs, mask
+        return (logprobs * mask).sum(dim=-1)
+
+    def parameters(self) -> Iterator["torch.nn.Parameter"]:
+        """Trainable parameters of this agent only (its adapter when LoRA is shared)."""
+        return iter(())
+
+    def save(self, directory: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be saved")
+
+    def load(self, directory: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be loaded")
+
+    @property
+    def device(self) -> "torch.device | str":
+        return "cpu"
