@@ -1,0 +1,356 @@
+"""Fork server: runs inside the sandbox and executes one program per request.
+
+Stdlib only. It is started once per pool slot (``python3 -I -c SOURCE CONFIG_JSON``,
+where SOURCE is ``_child.py`` + this file, see ``sandbox.protocol.server_source``) and
+pre-imports the stdlib modules programs commonly use, so each program costs one
+``fork`` instead of a new interpreter.
+
+Protocol, on the server's stdin/stdout: each message is a 4-byte big-endian length
+followed by UTF-8 JSON. The server first sends ``{"ready": true, ...}``; then for each
+request ``{"id", "source", "tests", "per_assert", "timeout"}`` it answers one reply
+(status, errors, asserts, capped stdout/stderr, duration, ``tainted``).
+
+Per program: a fresh work dir, a fresh forked process in its own session with rlimits,
+output read through pipes with a cap (the rest is drained and dropped), the whole
+process group killed when it ends or times out. Inside a container the server is PID 1:
+signals from the program are ignored (no handler), and after each run every other
+process in the container is killed with ``kill(-1)``, so nothing survives a run; if
+something does, or the container's cgroup OOM-killed a process, the reply says
+``tainted`` and the host replaces the container.
+"""
+
+import ast
+import gc
+import json
+import os
+import select
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+
+if "run_child" not in globals():  # imported as a module; the -c source concatenates _child.py
+    from sandbox._child import CHILD_SETUP_FAILED, run_child
+
+_HEADER = struct.Struct(">I")
+_VERDICT_CAP = 1 << 20
+_STATUSES = ("passed", "failed", "error", "timeout", "memory", "killed")
+
+
+def _read_exact(size):
+    chunks = []
+    while size:
+        data = os.read(0, min(size, 1 << 20))
+        if not data:
+            return None
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
+
+
+def _recv():
+    header = _read_exact(_HEADER.size)
+    if header is None:
+        return None
+    body = _read_exact(_HEADER.unpack(header)[0])
+    return None if body is None else json.loads(body)
+
+
+def _send(message):
+    body = json.dumps(message).encode()
+    data = memoryview(_HEADER.pack(len(body)) + body)
+    while data:
+        data = data[os.write(1, data):]
+
+
+def _set_dumpable(flag):
+    """prctl(PR_SET_DUMPABLE): a non-dumpable server cannot be ptraced by its programs."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, flag, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort (ctypes may be missing)
+        pass
+
+
+def _oom_kills():
+    """The container cgroup's OOM-kill counter (cgroup v2 or v1), or None."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _reap():
+    """Collect every exited child (as PID 1, orphans of the program become ours)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _other_pids():
+    me = os.getpid()
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) != me]
+
+
+def _kill_strays():
+    """PID 1 only: kill every other process in the container; False if some survive."""
+    for _ in range(100):
+        _reap()
+        if not _other_pids():
+            return True
+        try:
+            os.kill(-1, signal.SIGKILL)  # all processes we may signal, except PID 1 (us)
+        except ProcessLookupError:
+            pass
+        time.sleep(0.002)
+    _reap()
+    return not _other_pids()
+
+
+def _clean_dir(path):
+    """Remove everything in path (the program may have written anywhere writable)."""
+    try:
+        entries = os.listdir(path)
+    except OSError:
+        return True
+    for name in entries:
+        full = os.path.join(path, name)
+        try:
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            else:
+                os.unlink(full)
+        except OSError:
+            pass
+    try:
+        return not os.listdir(path)
+    except OSError:
+        return True
+
+
+def _collect(pid, fds, deadline, caps):
+    """Read the child's pipes until it exits or the deadline passes.
+
+    Returns (exited, buffers, truncated, wait status if already reaped); output past a cap is read and dropped, so a
+    chatty program never blocks on a full pipe.
+    """
+    buffers = {fd: bytearray() for fd in fds}
+    truncated = {fd: False for fd in fds}
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        pidfd = os.pidfd_open(pid)
+        poller.register(pidfd, select.POLLIN)
+    except (AttributeError, OSError):
+        pidfd = None  # old kernel: fall back to a 10 ms waitpid tick
+    exited = False
+    try:
+        while not exited:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            tick = remaining if pidfd is not None else min(remaining, 0.01)
+            for fd, _ in poller.poll(max(1, int(tick * 1000) + 1)):
+                if fd == pidfd:
+                    exited = True
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    poller.unregister(fd)
+                    continue
+                room = caps[fd] - len(buffers[fd])
+                if len(data) > room:
+                    truncated[fd] = True
+                    data = data[:max(room, 0)]
+                buffers[fd] += data
+            if pidfd is None:
+                done, wait_status = os.waitpid(pid, os.WNOHANG)
+                if done == pid:
+                    return True, buffers, truncated, wait_status
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return exited, buffers, truncated, None
+
+
+def _drain(fds, buffers, truncated, caps):
+    """Read what is left in the pipes without blocking (writers are dead by now)."""
+    for fd in fds:
+        os.set_blocking(fd, False)
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            room = caps[fd] - len(buffers[fd])
+            if len(data) > room:
+                truncated[fd] = True
+                data = data[:max(room, 0)]
+            buffers[fd] += data
+
+
+def _parse_verdict(raw, secret, pid):
+    """(verdict dict or None, tampered flag) from the lines on the verdict pipe.
+
+    Processes forked by the program carry the harness too but stay silent; any line
+    without the secret, or a second verdict from the child, means tampering.
+    """
+    verdict, tampered = None, False
+    for line in bytes(raw).split(b"\n"):
+        if not line:
+            continue
+        try:
+            value = ast.literal_eval(line.decode("utf-8", "surrogatepass"))
+            valid = type(value) is tuple and len(value) == 8 and value[0] == secret
+        except Exception:  # noqa: BLE001 - anything malformed is tampering
+            valid = False
+        if not valid:
+            tampered = True
+        elif value[1] == pid:
+            tampered = tampered or verdict is not None
+            verdict = value
+    if tampered or verdict is None:
+        return None, tampered
+    try:
+        _, _, status, etype, emsg, phase, trace, outcomes = verdict
+        if status not in _STATUSES:
+            return None, True
+        asserts = None if outcomes is None else [
+            {"index": o[0], "text": o[1], "passed": o[2], "error_type": o[3], "error_message": o[4]}
+            for o in outcomes]
+    except Exception:  # noqa: BLE001
+        return None, True
+    return {"status": status, "error_type": etype, "error_message": emsg,
+            "asserts": asserts, "extra": {"phase": phase, "traceback": trace}}, False
+
+
+def _exit_verdict(wait_status, oom):
+    """Status for a child that died without a valid verdict."""
+    if os.WIFSIGNALED(wait_status):
+        sig = os.WTERMSIG(wait_status)
+        name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig)
+        if sig == signal.SIGXCPU:
+            return "timeout", "CpuTimeLimit", "CPU time limit exceeded"
+        if oom:
+            return "memory", "MemoryLimit", f"killed by the out-of-memory killer ({name})"
+        return "killed", "Killed", f"killed by signal {name} before reporting a verdict"
+    code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else -1
+    if code == CHILD_SETUP_FAILED:
+        return "killed", "SandboxError", "the sandbox could not prepare the program (see stderr)"
+    return "killed", "EarlyExit", f"exited with code {code} before its tests finished (no verdict)"
+
+
+def _run(cfg, request):
+    timeout = float(request["timeout"])
+    run_cfg = dict(cfg, cpu_seconds=int(timeout) + 2)  # CPU cap: escaped processes die too
+    secret = os.urandom(16).hex()
+    workdir = tempfile.mkdtemp(prefix="run-", dir=cfg["work_root"])
+    if cfg.get("run_uid") is not None:
+        os.chown(workdir, cfg["run_uid"], cfg["run_gid"])
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    verdict_r, verdict_w = os.pipe()
+    oom_before = _oom_kills() if cfg.get("container") else None
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            for fd in (out_r, err_r, verdict_r):
+                os.close(fd)
+            run_child(run_cfg, request, secret, workdir, out_w, err_w, verdict_w)
+        finally:
+            os._exit(CHILD_SETUP_FAILED)
+    for fd in (out_w, err_w, verdict_w):
+        os.close(fd)
+    fds = (out_r, err_r, verdict_r)
+    caps = {out_r: cfg["output_cap"], err_r: cfg["output_cap"], verdict_r: _VERDICT_CAP}
+    exited, buffers, truncated, wait_status = _collect(pid, fds, start + timeout, caps)
+    duration = time.monotonic() - start
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the whole group: the child and anything it forked
+    except (ProcessLookupError, PermissionError):
+        pass
+    if wait_status is None:
+        wait_status = os.waitpid(pid, 0)[1]
+    tainted = False
+    if os.getpid() == 1:
+        tainted = not _kill_strays()
+    else:
+        _reap()
+    _drain(fds, buffers, truncated, caps)
+    for fd in fds:
+        os.close(fd)
+    oom = oom_before is not None and (_oom_kills() or 0) > oom_before
+    verdict, tampered = _parse_verdict(buffers[verdict_r], secret, pid)
+    if not exited:
+        verdict = {"status": "timeout", "error_type": "Timeout",
+                   "error_message": f"timed out after {timeout:g} s", "asserts": None, "extra": {}}
+    elif verdict is None and tampered:
+        verdict = {"status": "killed", "error_type": "Tampered",
+                   "error_message": "the verdict channel was written to by the program",
+                   "asserts": None, "extra": {}}
+    elif verdict is None:
+        status, etype, emsg = _exit_verdict(wait_status, oom)
+        tainted = tainted or etype == "SandboxError"
+        verdict = {"status": status, "error_type": etype, "error_message": emsg,
+                   "asserts": None, "extra": {}}
+    verdict["extra"]["exit"] = (f"signal {os.WTERMSIG(wait_status)}" if os.WIFSIGNALED(wait_status)
+                                else f"code {os.WEXITSTATUS(wait_status)}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    for path in cfg.get("clean_dirs", ()):
+        tainted = not _clean_dir(path) or tainted
+    if oom:
+        tainted = True  # the cgroup hit its limit: start from a fresh container
+    verdict.update(id=request.get("id"), duration=duration, tainted=tainted,
+                   stdout=bytes(buffers[out_r]).decode("utf-8", "replace"),
+                   stderr=bytes(buffers[err_r]).decode("utf-8", "replace"),
+                   stdout_truncated=truncated[out_r], stderr_truncated=truncated[err_r])
+    return verdict
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the host is not ours
+    for name in cfg.get("preimport", ()):
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - a missing optional module is fine
+            pass
+    gc.collect()
+    gc.freeze()  # children's GC then skips the server's objects: far fewer copy-on-write faults
+    _set_dumpable(0)
+    os.makedirs(cfg["work_root"], exist_ok=True)
+    _send({"ready": True, "pid": os.getpid(), "python": sys.version.split()[0],
+           "oom_counter": _oom_kills() is not None})
+    while True:
+        request = _recv()
+        if request is None:
+            return
+        try:
+            reply = _run(cfg, request)
+        except Exception as err:  # noqa: BLE001 - the server must answer every request
+            reply = {"id": request.get("id"), "status": "killed", "error_type": "SandboxError",
+                     "error_message": f"sandbox server failed: {type(err).__name__}: {err}",
+                     "asserts": None, "stdout": "", "stderr": "", "stdout_truncated": False,
+                     "stderr_truncated": False, "duration": 0.0, "tainted": True, "extra": {}}
+        _send(reply)
+
+
+if __name__ == "__main__":
+    main()
