@@ -1,0 +1,147 @@
+"""Batched autoregressive sampling driven by a private ``torch.Generator``.
+
+Why not ``model.generate``: in transformers 5 it samples with the global RNG
+(``torch.multinomial`` without a generator), so a seed could only be honoured by
+re-seeding global state. This loop is the same algorithm (KV cache, left padding,
+temperature -> top-k -> top-p, multinomial) with the generator passed explicitly, so
+a given seed gives the same samples whatever the global RNG state.
+
+Public API::
+
+    sample_tokens(model, input_ids, attention_mask, *, max_new_tokens, temperature=1.0,
+                  top_p=1.0, top_k=0, eos_token_ids, pad_token_id, generator=None)
+        -> SampleOutput(tokens [B, T], lengths [B], stopped_on_eos [B])
+    filter_logits(logits, temperature, top_k, top_p) -> logits with filtered entries at -inf
+    padded_position_ids(attention_mask) -> position ids that skip left padding
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+
+@dataclass
+class SampleOutput:
+    """``tokens[b, :lengths[b]]`` are row b's generated tokens (EOS included when hit)."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    stopped_on_eos: torch.Tensor
+
+
+def padded_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions 0, 1, ... counted over real tokens only (pads get 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def filter_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Scale by temperature, then keep the top-k, then the smallest top-p nucleus.
+
+    Filtered entries become ``-inf``; the most likely token is always kept.
+    """
+    if temperature <= 0:
+        raise ValueError("filter_logits needs temperature > 0 (0 means greedy: use argmax)")
+    logits = logits / temperature
+    vocab = logits.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # mass strictly before each token: drop a token once the nucleus is already full
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _forward_params(model: torch.nn.Module) -> set[str]:
+    """Keyword names the underlying transformers model's forward accepts."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return set(inspect.signature(inner.forward).parameters)
+
+
+def cache_kwarg_name(model: torch.nn.Module) -> str:
+    # transformers 5.x renamed `past_key_values` to `cache`; accept both spellings.
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
+
+
+def supports_logits_to_keep(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in _forward_params(model)
+
+
+def _returned_cache(outputs):
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else getattr(outputs, "past_key_values", None)
+
+
+@torch.no_grad()
+def sample_tokens(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_ids: Iterable[int],
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+) -> SampleOutput:
+    """Sample up to ``max_new_tokens`` for every row of a left-padded batch at once.
+
+    Each decoding step is ONE forward pass over the whole batch; rows that hit EOS keep
+    running (their tokens become ``pad_token_id``) until all rows stop or the budget ends.
+    """
+    batch = input_ids.shape[0]
+    device = input_ids.device
+    eos = torch.tensor(sorted(set(eos_token_ids)), device=device, dtype=torch.long)
+    cache_name = cache_kwarg_name(model)
+    keep_last = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+
+    mask = attention_mask.to(device=device, dtype=torch.long)
+    positions = padded_position_ids(mask)
+    step_ids = input_ids
+    step_positions = positions
+    cache = None
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    chosen: list[torch.Tensor] = []
+    for _ in range(max_new_tokens):
+        outputs = model(
+            input_ids=step_ids,
+            attention_mask=mask,
+            position_ids=step_positions,
+            use_cache=True,
+            **{cache_name: cache},
+            **keep_last,
+        )
+        cache = _returned_cache(outputs)
+        logits = outputs.logits[:, -1, :].float()
+        if temperature == 0:
+            next_ids = logits.argmax(dim=-1)
+        else:
+            probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+            next_ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
+        chosen.append(next_ids)
+        lengths += (~finished).long()
+        finished |= torch.isin(next_ids, eos)
+        if bool(finished.all()):
+            break
+        step_ids = next_ids[:, None]
+        step_positions = step_positions[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
+    tokens = torch.stack(chosen, dim=1) if chosen else torch.empty(batch, 0, dtype=torch.long)
+    # stopped_on_eos: the last real token is an EOS (a row can't be finished otherwise)
+    return SampleOutput(tokens=tokens, lengths=lengths, stopped_on_eos=finished.clone())
