@@ -7,6 +7,7 @@ Public API::
     TransformersPolicy.from_spec(spec: AgentSpec, adapter_name="agent_0") -> TransformersPolicy
     policy.generate(prompts, num_samples=1, generation_config=None, seed=None)
         -> list[list[Completion]]          prompts x samples in one batched decode
+                                           (each prompt prefilled once, KV cache shared)
     policy.encode_prompt(prompt) -> list[int]   (chat template + system prompt applied)
     policy.token_logprobs(prompt_ids, completion_ids) -> (logprobs [B, C], mask [B, C])
     policy.sequence_logprobs(prompt_ids, completion_ids, per_token=False) -> Tensor [B]
@@ -68,6 +69,9 @@ class TransformersPolicy(Policy):
     """One agent backed by a transformers causal LM (optionally a LoRA adapter)."""
 
     trainable = True
+    # False: repeat each prompt num_samples times and prefill them all (the slower reference
+    # path, kept for equivalence tests and benchmarks); not part of the public API
+    _share_prompt_prefill: bool = True
 
     def __init__(
         self,
@@ -230,8 +234,13 @@ class TransformersPolicy(Policy):
         if not prompts:
             return []
         encoded = [self.encode_prompt(p) for p in prompts]
-        rows = [ids for ids in encoded for _ in range(num_samples)]  # prompt-major order
-        input_ids, mask = self._left_pad(rows)
+        if self._share_prompt_prefill:
+            # prefill each prompt once; sample_tokens fans rows out prompt-major
+            input_ids, mask = self._left_pad(encoded)
+            fan_out = num_samples
+        else:  # reference path (tests, benchmarks): every prompt repeated before prefill
+            input_ids, mask = self._left_pad([ids for ids in encoded for _ in range(num_samples)])
+            fan_out = 1
         if seed is None:  # still reproducible under torch.manual_seed
             seed = int(torch.randint(0, 2**62, (1,)).item())
         generator = torch.Generator(device=self.device)
@@ -252,6 +261,7 @@ class TransformersPolicy(Policy):
                 eos_token_ids=self.eos_token_ids,
                 pad_token_id=self.pad_token_id,
                 generator=generator,
+                num_samples=fan_out,
             )
         finally:
             self.model.train(was_training)

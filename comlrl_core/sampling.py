@@ -9,8 +9,10 @@ a given seed gives the same samples whatever the global RNG state.
 Public API::
 
     sample_tokens(model, input_ids, attention_mask, *, max_new_tokens, temperature=1.0,
-                  top_p=1.0, top_k=0, eos_token_ids, pad_token_id, generator=None)
-        -> SampleOutput(tokens [B, T], lengths [B], stopped_on_eos [B])
+                  top_p=1.0, top_k=0, eos_token_ids, pad_token_id, generator=None,
+                  num_samples=1)
+        -> SampleOutput(tokens [B * num_samples, T], lengths [...], stopped_on_eos [...])
+    repeat_cache_rows(cache, repeats) -> cache with every batch row repeated (or None)
     filter_logits(logits, temperature, top_k, top_p) -> logits with filtered entries at -inf
     padded_position_ids(attention_mask) -> position ids that skip left padding
 """
@@ -84,6 +86,34 @@ def _returned_cache(outputs):
     return cache if cache is not None else getattr(outputs, "past_key_values", None)
 
 
+def _repeatable_layer_types() -> tuple[type, ...]:
+    """Cache layers whose whole state is the key/value tensors (batch on dim 0)."""
+    from transformers import cache_utils
+
+    names = ("DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer")
+    return tuple(getattr(cache_utils, n) for n in names if hasattr(cache_utils, n))
+
+
+def repeat_cache_rows(cache, repeats: int):
+    """Repeat every batch row of a KV cache ``repeats`` times (row b -> rows b*r .. b*r+r-1).
+
+    Returns the repeated cache, or ``None`` when the cache holds state this helper does not
+    know how to repeat safely (linear-attention, quantized or static layers); the caller then
+    falls back to prefilling the repeated prompts.
+    """
+    if repeats == 1:
+        return cache
+    if isinstance(cache, tuple):  # legacy format: ((key, value), ...) per layer
+        return tuple(tuple(t.repeat_interleave(repeats, dim=0) for t in layer) for layer in cache)
+    layers = getattr(cache, "layers", None)
+    allowed = _repeatable_layer_types()
+    # exact types: subclasses (quantized, linear-attention hybrids) keep extra per-row state
+    if not layers or not all(type(layer) in allowed for layer in layers):
+        return None
+    cache.batch_repeat_interleave(repeats)
+    return cache
+
+
 @torch.no_grad()
 def sample_tokens(
     model: torch.nn.Module,
@@ -97,13 +127,21 @@ def sample_tokens(
     eos_token_ids: Iterable[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    num_samples: int = 1,
 ) -> SampleOutput:
     """Sample up to ``max_new_tokens`` for every row of a left-padded batch at once.
 
     Each decoding step is ONE forward pass over the whole batch; rows that hit EOS keep
     running (their tokens become ``pad_token_id``) until all rows stop or the budget ends.
+
+    ``num_samples > 1`` draws that many samples per input row: the prompts are prefilled
+    once, then the KV cache, last logits, mask and positions are repeated row by row, so
+    output row ``b * num_samples + s`` is sample ``s`` of input row ``b`` -- the same rows,
+    in the same order, as passing every prompt ``num_samples`` times (same seed, same tokens).
     """
-    batch = input_ids.shape[0]
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    batch = input_ids.shape[0] * num_samples
     device = input_ids.device
     eos = torch.tensor(sorted(set(eos_token_ids)), device=device, dtype=torch.long)
     cache_name = cache_kwarg_name(model)
@@ -117,7 +155,7 @@ def sample_tokens(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
     chosen: list[torch.Tensor] = []
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         outputs = model(
             input_ids=step_ids,
             attention_mask=mask,
@@ -128,6 +166,23 @@ def sample_tokens(
         )
         cache = _returned_cache(outputs)
         logits = outputs.logits[:, -1, :].float()
+        if step == 0 and num_samples > 1:
+            # the prompt prefill (the long pass) ran once per prompt; fan out to samples
+            mask = mask.repeat_interleave(num_samples, dim=0)
+            step_positions = step_positions.repeat_interleave(num_samples, dim=0)
+            cache = repeat_cache_rows(cache, num_samples)
+            if cache is None:  # unknown cache layout: prefill the repeated prompts instead
+                outputs = model(
+                    input_ids=step_ids.repeat_interleave(num_samples, dim=0),
+                    attention_mask=mask,
+                    position_ids=step_positions,
+                    use_cache=True,
+                    **keep_last,
+                )
+                cache = _returned_cache(outputs)
+                logits = outputs.logits[:, -1, :].float()
+            else:
+                logits = logits.repeat_interleave(num_samples, dim=0)
         if temperature == 0:
             next_ids = logits.argmax(dim=-1)
         else:

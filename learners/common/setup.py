@@ -1,0 +1,51 @@
+"""How learners get their environments and policies (registry + duck-typed Team)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from comlrl_core.policy import Policy
+from comlrl_core.registry import make
+
+
+
+def build_env(env: str | Callable[..., Any], **kwargs: Any) -> Any:
+    """An environment from a registered id (``comlrl_core.registry.make``) or a factory.
+
+    ``kwargs`` (None values dropped) are constructor overrides, e.g. ``num_turns``.
+    """
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if isinstance(env, str):
+        return make(env, **kwargs)
+    if callable(env):
+        return env(**kwargs)
+    raise TypeError(f"env must be a registered id (str) or a factory callable, got {type(env).__name__}")
+
+
+def team_policies(team: Any) -> list[Policy]:
+    """The team's policies in agent order (a Team, or any sequence of policies)."""
+    policies = getattr(team, "policies", None)
+    if policies is None:
+        policies = list(team)
+    policies = list(policies)
+    if not policies or not all(isinstance(p, Policy) for p in policies):
+        raise TypeError("team must hold comlrl_core.policy.Policy objects, one per agent")
+    return policies
+
+
+def check_team_fits_env(policies: Sequence[Policy], env: Any) -> list[str]:
+    """The env's agent names, after checking there is one policy per agent."""
+    agents = list(env.possible_agents)
+    if len(agents) != len(policies):
+        raise ValueError(
+            f"the environment has {len(agents)} agents {agents} but the team has "
+            f"{len(policies)} policies; give one model per agent"
+        )
+    return agents
+
+
+def num_tasks(env: Any) -> int:
+    count = getattr(env, "num_tasks", None)
+    if not isinstance(count, int) or count < 1:
+        raise ValueError("the environment must expose num_tasks >= 1 (see comlrl_core.env_api)")
+    return count

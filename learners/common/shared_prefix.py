@@ -1,0 +1,88 @@
+"""Log-probs of G completions of one prompt with the prompt encoded once (exact gradients).
+
+MAGRPO scores groups: G completions of the same prompt, and prompts are usually much
+longer than completions. Encoding each prompt once, then expanding its key/value cache
+to the G rows, cuts the forward and backward work on prompts by a factor G. Gradients
+stay exact: they flow from every completion row back through the shared cache into the
+single prompt pass (autograd sums the G branches).
+
+This works for policies that expose a transformers causal LM as ``policy.model`` (with
+``pad_token_id``; LoRA agents activate their adapter through ``policy._activate``) and do
+not use gradient checkpointing (which disables the cache). Other policies use their own
+``token_logprobs``. It belongs in ``TransformersPolicy`` eventually; it lives here until
+the policy contract grows a grouped scoring call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from comlrl_core.sampling import cache_kwarg_name, padded_position_ids, supports_logits_to_keep
+
+
+def supports_shared_prefix(policy: Any) -> bool:
+    model = getattr(policy, "model", None)
+    if model is None or not isinstance(getattr(policy, "pad_token_id", None), int):
+        return False
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return not (model.training and checkpointing)
+
+
+def _returned_cache(outputs: Any) -> Any:
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else getattr(outputs, "past_key_values", None)
+
+
+def shared_prefix_token_logprobs(
+    policy: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[Sequence[int]]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs ``[sum G_k, C]`` and mask for ``completion_ids[k]`` (G of them,
+    the same G for every k) given ``prompt_ids[k]``; rows in group order."""
+    groups = len(prompt_ids)
+    sizes = {len(c) for c in completion_ids}
+    if len(completion_ids) != groups or len(sizes) != 1:
+        raise ValueError("shared_prefix_token_logprobs needs one prompt per group and equal group sizes")
+    g = sizes.pop()
+    flat = [c for group in completion_ids for c in group]
+    rows, width_c = len(flat), max((len(c) for c in flat), default=0)
+    device, pad = policy.device, policy.pad_token_id
+    if rows == 0 or width_c == 0:
+        return torch.zeros(rows, width_c, device=device), torch.zeros(rows, width_c, device=device)
+    width_p = max(len(p) for p in prompt_ids)
+    ids_p = torch.full((groups, width_p), pad, dtype=torch.long)
+    mask_p = torch.zeros((groups, width_p), dtype=torch.long)
+    for k, p in enumerate(prompt_ids):
+        ids_p[k, width_p - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        mask_p[k, width_p - len(p):] = 1
+    ids_c = torch.full((rows, width_c), pad, dtype=torch.long)
+    mask_c = torch.zeros((rows, width_c), dtype=torch.long)
+    for r, c in enumerate(flat):
+        if c:
+            ids_c[r, : len(c)] = torch.as_tensor(list(c), dtype=torch.long)
+            mask_c[r, : len(c)] = 1
+    ids_p, mask_p, ids_c, mask_c = (t.to(device) for t in (ids_p, mask_p, ids_c, mask_c))
+
+    activate = getattr(policy, "_activate", None)
+    if callable(activate):
+        activate()
+    model = policy.model
+    cache_kw = cache_kwarg_name(model)
+    keep = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+    out_p = model(input_ids=ids_p, attention_mask=mask_p, position_ids=padded_position_ids(mask_p),
+                  use_cache=True, **keep)
+    first_logits = out_p.logits[:, -1, :].repeat_interleave(g, dim=0)  # predicts completion token 0
+    cache = _returned_cache(out_p)
+    cache.batch_repeat_interleave(g)
+    full_mask = torch.cat([mask_p.repeat_interleave(g, dim=0), mask_c], dim=1)
+    positions = padded_position_ids(full_mask)[:, width_p:]
+    out_c = model(input_ids=ids_c, attention_mask=full_mask, position_ids=positions,
+                  use_cache=True, **{cache_kw: cache})
+    logits = torch.cat([first_logits.unsqueeze(1), out_c.logits[:, :-1, :]], dim=1).float()
+    chosen = logits.gather(-1, ids_c.unsqueeze(-1)).squeeze(-1)
+    logprobs = chosen - torch.logsumexp(logits, dim=-1)
+    mask = mask_c.to(logprobs.dtype)
+    return logprobs * mask, mask

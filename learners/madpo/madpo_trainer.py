@@ -1,0 +1,215 @@
+"""MADPOTrainer: multi-agent DPO on preference pairs collected from task items.
+
+``train()``:
+
+1. collect pairs (:meth:`PreferenceTrainerBase.collect_pairs`): every agent samples
+   ``preference_num_candidates`` responses per training task, the task reward scores the
+   aligned joint responses, ``pair_selection`` keeps up to ``preference_pairs_per_sample``
+   untied pairs per task;
+2. if there is no pair at all, stop without updating;
+3. ``num_train_epochs`` passes over the pairs in a seeded random order, one optimizer step
+   per agent per ``train_batch_size`` pairs (:func:`learners.madpo.madpo_loss.madpo_update`).
+
+``turn_1/reward_mean`` and ``turn_1/expected_return`` of an update are the mean
+``candidate_reward_mean`` of its pairs: the candidates' rewards recorded when the pairs
+were collected (as CoMLRL documents), not a fresh rollout. ``eval/...`` metrics come from
+new episodes scored with the task reward.
+
+[distributed] Under a multi-process launcher (``accelerate launch`` / ``torchrun``) every
+process collects the pairs of every ``world``-th task batch, and each update is the union
+of every process's ``b``-th local batch: gradients are summed over the processes with the
+loss divided by the global pair count (:mod:`learners.common.distributed`), so
+``train_batch_size`` pairs are per process. Only rank 0 writes logs and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
+from comlrl_core.metrics import MetricsLogger
+from comlrl_core.progress import progress
+from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
+from learners.common.seeding import derive_seed
+from learners.common.trainer_utils import agent_entries, load_own_checkpoint
+from learners.madpo.madpo_config import MADPOConfig
+from learners.madpo.madpo_loss import madpo_update
+from learners.preference.build import with_token_ids
+from learners.preference.records import PreferencePair
+from learners.preference.trainer_base import SHUFFLE, PreferenceTrainerBase
+
+
+class MADPOTrainer(PreferenceTrainerBase):
+    """``MADPOTrainer(config, team, env)``; ``env`` is a registered id or a factory."""
+
+    algorithm_name = "MADPO"
+    config_class = MADPOConfig
+
+    def __init__(self, config: MADPOConfig, team: Any, env: str | Callable[..., Any], *,
+                 logger: MetricsLogger | None = None) -> None:
+        self.distributed = DistributedContext.current()  # [distributed]
+        super().__init__(config, team, env, logger=logger)
+        self.optimizers = []
+        for i, policy in enumerate(self.policies):
+            params = [p for p in policy.parameters() if p.requires_grad]
+            if not params:
+                raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; {self.algorithm_name} trains every agent")
+            self.optimizers.append(torch.optim.AdamW(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
+        # [distributed] identical replicas: rank 0's trainable weights on every process
+        self.distributed.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
+        self.pairs: list[PreferencePair] | None = None  # None: not collected yet
+        self.round = 0  # which pair set the epoch/batch cursor refers to (iterative trainers)
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.skipped_nonfinite = 0
+        self.finished = False
+
+    # -- [distributed] ----------------------------------------------------------------
+    @property
+    def logger(self) -> MetricsLogger:
+        if self._logger is None and not self.distributed.is_main:  # only rank 0 writes
+            self._logger = NullLogger(self.run_dir)
+        return super().logger
+
+    def owns_task_batch(self, index: int) -> bool:
+        return self.distributed.owns(index)
+
+    def _global_count(self, items: Sequence[Any] | None) -> int:
+        return int(self.distributed.sum([len(items or [])])[0])
+
+    def _reduce_collect_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        counts = ("preference/num_pairs", "preference/tasks_without_pairs")
+        summed = dict(zip(counts, self.distributed.sum([stats[k] for k in counts])))
+        return {**self.distributed.reduce_metrics(stats), **summed}
+
+    # -- training -------------------------------------------------------------------
+    def train(self, stop_after: int | None = None) -> dict[str, float]:
+        """Collect pairs (once), then train on them; ``stop_after`` pauses after that many
+        updates in total (a checkpoint can then be saved and resumed)."""
+        if self.pairs is None:
+            self.pairs, stats = self.collect_pairs()
+            self._log(self._reduce_collect_stats(stats))
+        if not self._global_count(self.pairs):  # [distributed] all processes stop together
+            self.finished = True
+            return {}
+        last = self.train_on_pairs(self.pairs, stop_after=stop_after)
+        if self.epoch >= self.config.num_train_epochs:
+            self._finish()
+        return last
+
+    def train_on_pairs(self, pairs: Sequence[PreferencePair], stop_after: int | None = None) -> dict[str, float]:
+        """Epochs over ``pairs`` from the current (epoch, batch) cursor."""
+        c = self.config
+        pairs = [with_token_ids(p, self.policies) for p in pairs]
+        size = c.train_batch_size
+        per_epoch = (len(pairs) + size - 1) // size
+        per_epoch = int(self.distributed.max([per_epoch])[0])  # [distributed] same count everywhere
+        last: dict[str, float] = {}
+        bar = progress(total=per_epoch * c.num_train_epochs, initial=self.epoch * per_epoch + self.batch_in_epoch,
+                       desc=self.algorithm_name, disable=None if c.progress_bar is None else not c.progress_bar,
+                       unit="update")
+        try:
+            while self.epoch < c.num_train_epochs:
+                order = list(range(len(pairs)))
+                random.Random(derive_seed(c.seed, SHUFFLE, self.round, self.epoch)).shuffle(order)
+                while self.batch_in_epoch < per_epoch:
+                    if stop_after is not None and self.global_step >= stop_after:
+                        return last
+                    if c.eval_interval and self.global_step % c.eval_interval == 0:
+                        self.evaluate()
+                    start = self.batch_in_epoch * size
+                    last = self.update([pairs[i] for i in order[start : start + size]])
+                    self.batch_in_epoch += 1
+                    bar.update(1)
+                    if getattr(c, "save_steps", 0) and self.global_step % c.save_steps == 0:
+                        self.save_checkpoint()
+                self.epoch += 1
+                self.batch_in_epoch = 0
+        finally:
+            bar.close()
+        return last
+
+    def update(self, batch: Sequence[PreferencePair]) -> dict[str, float]:
+        c = self.config
+        t0 = time.perf_counter()
+        for p in self.policies:
+            if hasattr(p, "train"):
+                p.train()
+        # [distributed] global pair count and reward sum (a process's batch may be empty)
+        count, reward_sum = self.distributed.sum([len(batch), sum(p.candidate_reward_mean for p in batch)])
+        result = madpo_update(self.policies, self.optimizers, batch, c.dpo_beta,
+                              exclude_last_token=c.exclude_last_token, micro_batch_size=c.logprob_micro_batch_size,
+                              max_grad_norm=c.max_grad_norm, pair_count=int(count), distributed=self.distributed)
+        self.global_step += 1
+        reward_mean = reward_sum / count
+        metrics = {"turn_1/reward_mean": reward_mean, "turn_1/expected_return": reward_mean,
+                   "time/update_s": time.perf_counter() - t0}
+        if result.skipped:
+            self.skipped_nonfinite += 1
+        else:
+            metrics.update({"loss": result.loss, "preference/accuracy": result.accuracy})
+            metrics.update({f"agent_{i}/margin": m for i, m in enumerate(result.margin_means)})
+        metrics["skipped_nonfinite"] = float(self.skipped_nonfinite)
+        if self.global_step % c.logging_steps == 0:
+            self._log(metrics)
+        return metrics
+
+    def _finish(self) -> None:
+        self.finished = True
+        if self.config.eval_interval:
+            self.evaluate()
+        if self.config.save_final_checkpoint:
+            self.save_checkpoint()
+        if self.distributed.is_main:  # [distributed]
+            self.plot_rewards()
+
+    # -- checkpoints ----------------------------------------------------------------
+    def _cursor(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm_name, "global_step": self.global_step, "round": self.round,
+                "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "skipped_nonfinite": self.skipped_nonfinite, "finished": self.finished}
+
+    def _extra_files(self) -> dict[str, bytes]:
+        pairs = None if self.pairs is None else [p.to_record() for p in self.pairs]
+        return {"pairs.json": json.dumps(pairs).encode()}
+
+    def _restore(self, cursor: dict[str, Any], path: pathlib.Path) -> None:
+        self.global_step = int(cursor["global_step"])
+        self.round, self.epoch = int(cursor["round"]), int(cursor["epoch"])
+        self.batch_in_epoch = int(cursor["batch_in_epoch"])
+        self.skipped_nonfinite = int(cursor["skipped_nonfinite"])
+        self.finished = bool(cursor["finished"])
+        world = int(cursor.get("world_size", 1))
+        if world != self.distributed.world_size:  # [distributed] pairs are per process
+            raise ValueError(f"{path} was written by {world} process(es); resume it with {world}, "
+                             f"not {self.distributed.world_size}")
+        name = f"pairs_rank{self.distributed.rank}.json" if self.distributed.enabled else "pairs.json"
+        raw = json.loads(read_extra_file(path, name))
+        self.pairs = None if raw is None else [PreferencePair.from_record(r) for r in raw]
+
+    def save_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
+        """Policies, optimizers, pairs and the training cursor, atomically."""
+        path = directory or checkpoint_path(self.run_dir / "checkpoints", self.global_step)
+        cursor, extra = self._cursor(), self._extra_files()
+        if self.distributed.enabled:  # [distributed] every process calls this; rank 0 writes
+            cursor["world_size"] = self.distributed.world_size
+            rank_pairs = self.distributed.gather_objects(extra["pairs.json"])
+            extra.update({f"pairs_rank{r}.json": b for r, b in enumerate(rank_pairs)})
+            if not self.distributed.is_main:
+                return pathlib.Path(path)
+        return save_checkpoint(path, policies=agent_entries(self.policies), optimizers=agent_entries(self.optimizers),
+                               cursor=cursor, extra_files=extra)
+
+    def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
+        """Restore a checkpoint (default: the latest complete one under ``output_dir``)."""
+        path, cursor = load_own_checkpoint(self.run_dir, directory, self.algorithm_name,
+                                           policies=agent_entries(self.policies),
+                                           optimizers=agent_entries(self.optimizers))
+        self._restore(cursor, path)
+        return path

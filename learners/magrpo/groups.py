@@ -1,0 +1,77 @@
+"""Node groups (the unit MAGRPO learns from) and per-turn tree statistics.
+
+A node group is one agent's G responses at one tree node with the credit of each
+(see :func:`learners.magrpo.advantages.agent_credits`). Groups hold plain lists only,
+so rollout buffers can be checkpointed and restored exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from comlrl_core.policy import Policy
+from learners.magrpo.advantages import agent_credits, node_mean
+from learners.magrpo.tree import RolloutTree
+
+
+@dataclass
+class NodeGroup:
+    agent: int
+    turn: int
+    prompt_ids: list[list[int]]  # one per response (the same prompt for a whole group)
+    completion_ids: list[list[int]]
+    returns: list[float]
+    mean_reward: float
+    mean_return: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "NodeGroup":
+        return cls(**data)
+
+
+def groups_from_tree(tree: RolloutTree, policies: Sequence[Policy]) -> list[list[NodeGroup]]:
+    """Per agent, the node groups of the tree, level by level (returns must be computed)."""
+    out: list[list[NodeGroup]] = [[] for _ in policies]
+    for level in tree.levels:
+        for node in level:
+            rewards = [j.reward for j in node.joints]
+            rets = [j.ret for j in node.joints]
+            for agent, policy in enumerate(policies):
+                comps = node.completions[agent]
+                prompt_ids = [list(c.prompt_token_ids) for c in comps]
+                if any(not p for p in prompt_ids):  # policy did not record them: encode once
+                    encoded = list(policy.encode_prompt(node.prompts[agent]))
+                    prompt_ids = [p or encoded for p in prompt_ids]
+                out[agent].append(
+                    NodeGroup(
+                        agent=agent,
+                        turn=node.turn,
+                        prompt_ids=prompt_ids,
+                        completion_ids=[list(c.token_ids) for c in comps],
+                        returns=agent_credits(node, agent),
+                        mean_reward=node_mean(rewards),
+                        mean_return=node_mean(rets),
+                    )
+                )
+    return out
+
+
+def tree_metrics(tree: RolloutTree) -> dict[str, float]:
+    """``turn_{t}/reward_mean`` and ``turn_{t}/expected_return`` (node means, averaged
+    over the nodes of turn t), plus tree size figures."""
+    metrics: dict[str, float] = {}
+    for level in tree.levels:
+        if not level:
+            continue
+        t = level[0].turn
+        metrics[f"turn_{t}/reward_mean"] = node_mean([node_mean([j.reward for j in n.joints]) for n in level])
+        metrics[f"turn_{t}/expected_return"] = node_mean([node_mean([j.ret for j in n.joints]) for n in level])
+        metrics[f"turn_{t}/num_nodes"] = float(len(level))
+    metrics["rollout/env_steps"] = float(tree.env_steps)
+    metrics["rollout/generate_calls"] = float(tree.generate_calls)
+    metrics["rollout/leaves"] = float(len(tree.leaves()))
+    return metrics

@@ -1,0 +1,89 @@
+"""MAGRPOConfig: every option of MAGRPO and its baselines (MAREINFORCE, MARLOO, MAReMax).
+
+Option names follow CoMLRL's vocabulary. Differences from CoMLRL, on purpose:
+
+* ``discount`` defaults to 1.0 and is always honoured.
+* ``early_termination_threshold`` (CoMLRL: ``termination_threshold``) is handed to the
+  environment, which ends a branch when that joint action's reward reaches it.
+* In ``cross`` mode a response's credit is the *mean* return of the joint actions that
+  contain it (CoMLRL sums them).
+* The loss counts every real completion token, EOS included, and never a pad.
+
+Buffering as in CoMLRL: each tree node yields one group per agent (its G responses and
+their returns). Groups go into that agent's rollout buffer; when the buffer holds
+``rollout_buffer_size`` groups it is split by turn, shuffled, and consumed in
+mini-batches of ``train_batch_size`` groups, one optimizer step per mini-batch. The
+buffer is also flushed at the end of every epoch and of training.
+
+The team options (``agent_models``, ``lora`` ...) are read by the CLI to build the
+Team; the trainer itself receives a ready Team.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from comlrl_core.config import ConfigError, check_in, check_positive, check_range, option
+from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions
+
+ADVANTAGE_MODES = ("mean", "raw", "rloo", "max")
+
+
+@dataclass
+class MAGRPOConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOptions):
+    # -- tree rollout ---------------------------------------------------------------
+    num_generations: int = option(4, help="responses sampled per agent at every tree node (G)")
+    num_turns: int = option(2, help="turns per episode (tree depth T)")
+    joint_mode: Literal["aligned", "cross"] = option(
+        "aligned", help="aligned: G joint actions per node (same index); cross: G**N (Cartesian product)"
+    )
+    early_termination_threshold: float | None = option(
+        None, help="a branch ends when its joint action's reward reaches this (None: never)"
+    )
+    discount: float = option(1.0, help="return = r_t + discount * mean(child returns)")
+    # -- advantages and loss --------------------------------------------------------
+    advantage_mode: Literal["mean", "raw", "rloo", "max"] | None = option(
+        None, help="group baseline; None = the trainer's own (MAGRPO mean, MAREINFORCE raw, MARLOO rloo, MAReMax max)"
+    )
+    normalize_advantage: bool = option(False, help="divide advantages by the group return std")
+    reference_kl_coef: float = option(0.0, help="k3 KL to a frozen reference, subtracted from the reward (0: off)")
+    skip_nonfinite: bool = option(False, help="skip (and count) NaN/Inf updates instead of raising")
+    # -- optimisation ---------------------------------------------------------------
+    rollout_buffer_size: int = option(2, help="node groups an agent buffers before updating")
+    train_batch_size: int | None = option(None, help="node groups per optimizer step (None: rollout_buffer_size)")
+    num_train_epochs: int = option(1, help="passes over the training tasks")
+    max_steps: int | None = option(None, help="stop after this many task items (None: all epochs)")
+    shuffle_tasks: bool = option(False, help="visit the training tasks in a seeded random order per epoch")
+    # -- logging, checkpoints (evaluation, sampling, environment, team: learners.common.options)
+    save_steps: int = option(0, help="checkpoint every this many steps (0: only at the end)")
+    save_final_checkpoint: bool = option(True, help="checkpoint when training finishes")
+    output_dir: str = option("runs/magrpo", help="run folder: metrics.jsonl, checkpoints, plots")
+    seed: int = option(42, help="seed of every random draw (generation, shuffles, task order)")
+
+    @property
+    def groups_per_update(self) -> int:
+        """``train_batch_size``, defaulting to ``rollout_buffer_size`` (kept unresolved so
+        that overriding ``rollout_buffer_size`` later still moves it)."""
+        return self.train_batch_size or self.rollout_buffer_size
+
+    def validate(self) -> None:
+        super().validate()
+        if self.num_generations < 2:
+            raise ConfigError(
+                f"option 'num_generations' must be >= 2 (a group baseline needs several samples), "
+                f"got {self.num_generations}; set num_generations=4 for example",
+                "num_generations",
+            )
+        check_positive("num_turns", self.num_turns)
+        check_range("discount", self.discount, 0.0, 1.0)
+        if self.advantage_mode is not None:
+            check_in("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)
+        check_positive("reference_kl_coef", self.reference_kl_coef, allow_zero=True)
+        check_positive("rollout_buffer_size", self.rollout_buffer_size)
+        if self.train_batch_size is not None:
+            check_positive("train_batch_size", self.train_batch_size)
+        check_positive("num_train_epochs", self.num_train_epochs)
+        if self.max_steps is not None:
+            check_positive("max_steps", self.max_steps)
+        check_positive("save_steps", self.save_steps, allow_zero=True)

@@ -1,0 +1,346 @@
+"""MAGRPOTrainer: multi-agent GRPO on tree rollouts of any registered text environment.
+
+One training step = one task item: reset the env on the task, expand the rollout tree
+(:mod:`learners.magrpo.tree`), compute returns and per-agent credit
+(:mod:`learners.magrpo.advantages`), push each agent's node groups into its rollout
+buffer and update whenever a buffer is full (:mod:`learners.magrpo.update`).
+
+Every random draw is seeded from ``config.seed`` and the step, so a run resumed from a
+checkpoint continues exactly like an uninterrupted one.
+
+[distributed] Under a multi-process launcher (``accelerate launch`` / ``torchrun``) every
+process handles task item ``step * world + rank`` of each round, the buffers are checked
+and flushed together at the end of a round, and gradients are summed over the processes
+with losses divided by the global group count (:mod:`learners.common.distributed`);
+``global_step`` then counts rounds, and ``train_batch_size`` groups are per process.
+With one process nothing changes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import random
+import time
+from typing import Any, Callable
+
+import torch
+
+from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
+from comlrl_core.metrics import MetricsLogger
+from comlrl_core.policy import Policy
+from comlrl_core.progress import progress, set_postfix
+from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
+from learners.common.reference import frozen_reference
+from learners.common.seeding import derive_seed
+from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies
+from learners.common.trainer_utils import TrainerCommon, agent_entries, load_own_checkpoint, planned_items, shuffled_task
+from learners.magrpo.advantages import compute_returns
+from learners.magrpo.groups import NodeGroup, groups_from_tree, tree_metrics
+from learners.magrpo.magrpo_config import MAGRPOConfig
+from learners.magrpo.tree import build_tree
+from learners.magrpo.update import update_agent
+
+# Seed-path tags: keep the random streams of different purposes apart.
+_TREE, _RESET, _SHUFFLE, _ORDER, _EVAL = 1, 2, 3, 4, 5
+
+
+class MAGRPOTrainer(TrainerCommon):
+    """``MAGRPOTrainer(config, team, env)`` where ``env`` is a registered id or a factory.
+
+    A factory is called with the env keyword arguments (``num_turns``,
+    ``early_termination_threshold``, ``task_slice`` when set, and ``config.env_kwargs``).
+    ``reference_policies`` (one per agent) serve the KL term; by default, when
+    ``reference_kl_coef > 0``, :func:`learners.common.reference.frozen_reference` makes
+    them at start (LoRA: the adapter switched off; full weights: a frozen copy).
+    """
+
+    algorithm_name = "MAGRPO"
+    default_advantage_mode = "mean"
+
+    def __init__(
+        self,
+        config: MAGRPOConfig,
+        team: Any,
+        env: str | Callable[..., Any],
+        *,
+        reference_policies: list[Policy] | None = None,
+        logger: MetricsLogger | None = None,
+    ) -> None:
+        if not isinstance(config, MAGRPOConfig):
+            raise TypeError(f"config must be a MAGRPOConfig, got {type(config).__name__}")
+        self.config = config
+        self.advantage_mode = self._resolve_advantage_mode(config.advantage_mode)
+        self.team = team
+        self.policies = team_policies(team)
+        self._env_spec = env
+        self.env = self._make_env(config.train_task_slice)
+        self.agent_names = check_team_fits_env(self.policies, self.env)
+        self.num_tasks = num_tasks(self.env)
+        self._eval_env: Any = None
+        self.optimizers = []
+        for i, policy in enumerate(self.policies):
+            params = [p for p in policy.parameters() if p.requires_grad]
+            if not params:
+                raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; MAGRPO trains every agent")
+            self.optimizers.append(
+                torch.optim.AdamW(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay)
+            )
+        # [distributed] identical replicas: rank 0's trainable weights on every process
+        self.distributed = DistributedContext.current()
+        self.distributed.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
+        self.reference_policies = reference_policies
+        if config.reference_kl_coef > 0 and self.reference_policies is None:
+            self.reference_policies = [frozen_reference(p) for p in self.policies]
+        self.buffers: list[list[NodeGroup]] = [[] for _ in self.policies]
+        self.global_step = 0
+        self.flush_counts = [0] * len(self.policies)
+        self.update_counts = [0] * len(self.policies)
+        self.skipped_nonfinite = [0] * len(self.policies)
+        self.run_dir = pathlib.Path(config.output_dir)
+        self._logger = logger
+        self.history: list[dict[str, float]] = []  # every logged metrics dict, with "step"
+        self._step_updates: list[list[Any]] = [[] for _ in self.policies]
+
+    # -- setup ----------------------------------------------------------------------
+    def _resolve_advantage_mode(self, asked: str | None) -> str:
+        if asked is None or asked == self.default_advantage_mode:
+            return self.default_advantage_mode
+        if type(self) is MAGRPOTrainer:
+            return asked
+        raise ValueError(
+            f"{type(self).__name__} uses advantage_mode={self.default_advantage_mode!r}; "
+            f"the config asks for {asked!r}. Use MAGRPOTrainer with advantage_mode={asked!r}, "
+            "or leave advantage_mode unset"
+        )
+
+    def _make_env(self, task_slice: str | None) -> Any:
+        c = self.config
+        owned = {"num_turns": c.num_turns, "early_termination_threshold": c.early_termination_threshold}
+        clash = sorted(set(owned) & set(c.env_kwargs))
+        if clash:
+            raise ValueError(f"env_kwargs sets {clash}: use the trainer options of the same name instead")
+        kwargs = {**c.env_kwargs, **owned}
+        if task_slice is not None:
+            kwargs["task_slice"] = task_slice
+        return build_env(self._env_spec, **kwargs)
+
+    @property
+    def logger(self) -> MetricsLogger:
+        if self._logger is None:  # [distributed] only rank 0 writes
+            self._logger = (MetricsLogger(self.run_dir, config=self.config) if self.distributed.is_main
+                            else NullLogger(self.run_dir))
+        return self._logger
+
+    @property
+    def total_items(self) -> int:
+        """Task items of the whole run (all processes together)."""
+        return planned_items(self.config.num_train_epochs, self.num_tasks, self.config.max_steps)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of this process: task items, or rounds of ``world`` items when distributed."""
+        return self.distributed.num_rounds(self.total_items)
+
+    def task_for_step(self, step: int) -> int:
+        return shuffled_task(step, self.num_tasks, self.config.shuffle_tasks, self.config.seed, _ORDER)
+
+    # -- training -------------------------------------------------------------------
+    def train(self, stop_after: int | None = None) -> dict[str, float]:
+        """Train until ``total_steps`` (or pause after global step ``stop_after``).
+
+        A paused run can be checkpointed and resumed; only a finished run flushes the
+        buffers for good, evaluates a last time, saves a final checkpoint and plots.
+        """
+        c = self.config
+        end = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
+        last: dict[str, float] = {}
+        bar = progress(total=self.total_steps, initial=self.global_step, desc=self.algorithm_name,
+                       disable=None if c.progress_bar is None else not c.progress_bar, unit="task")
+        try:
+            while self.global_step < end:
+                if c.eval_interval and self.global_step % c.eval_interval == 0:
+                    self.evaluate()
+                last = self.train_step()
+                bar.update(1)
+                set_postfix(bar, {k: v for k, v in last.items() if k.endswith("reward_mean")})
+                if c.save_steps and self.global_step % c.save_steps == 0:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        if self.global_step >= self.total_steps:
+            self._finish()
+        return last
+
+    def train_step(self) -> dict[str, float]:
+        """One task item: rollout tree, returns, buffers, updates. Returns its metrics."""
+        c, step, dist = self.config, self.global_step, self.distributed
+        t0 = time.perf_counter()
+        item = dist.item_of_round(step)  # [distributed] the global item; == step in one process
+        tree = task = None
+        if item < self.total_items:  # [distributed] the last round may leave a process idle
+            task = self.task_for_step(item)
+            obs, _ = self.env.reset(seed=derive_seed(c.seed, _RESET, item), options={"task": task})
+            tree = build_tree(
+                self.env, [obs[a] for a in self.agent_names], self.policies, self.agent_names,
+                num_generations=c.num_generations, num_turns=c.num_turns, joint_mode=c.joint_mode,
+                generation_config=self.generation_config(), seed=derive_seed(c.seed, _TREE, item),
+            )
+            compute_returns(tree, c.discount)
+        t1 = time.perf_counter()
+        self._step_updates = [[] for _ in self.policies]
+        for agent, groups in enumerate(groups_from_tree(tree, self.policies) if tree else []):
+            for group in groups:
+                self.buffers[agent].append(group)
+                if not dist.enabled and len(self.buffers[agent]) >= c.rollout_buffer_size:
+                    self._flush(agent)
+        if dist.enabled:  # [distributed] flush together when any process's buffer is full
+            sizes = dist.max([len(b) for b in self.buffers])
+            for agent, size in enumerate(sizes):
+                if size >= c.rollout_buffer_size:
+                    self._flush(agent)
+        last_item = min((step + 1) * dist.world_size, self.total_items)  # items done after this round
+        epoch_end = (last_item // self.num_tasks > (step * dist.world_size) // self.num_tasks
+                     or last_item == self.total_items)
+        if epoch_end:  # as CoMLRL: no group waits across an epoch boundary
+            for agent in range(len(self.policies)):
+                self._flush(agent)
+        self.global_step = step + 1
+        metrics = tree_metrics(tree) if tree else {}
+        metrics.update(self._agent_metrics())
+        metrics.update({"time/rollout_s": t1 - t0,
+                        "time/update_s": time.perf_counter() - t1, "time/step_s": time.perf_counter() - t0})
+        if task is not None:
+            metrics["train/task"] = float(task)
+        metrics = dist.reduce_metrics(metrics)  # [distributed] means over the processes
+        if self.global_step % c.logging_steps == 0:
+            self._log(metrics)
+        return metrics
+
+    def _flush(self, agent: int) -> None:
+        if self.distributed.enabled:
+            return self._flush_distributed(agent)
+        buffer, self.buffers[agent] = self.buffers[agent], []
+        if not buffer:
+            return
+        rng = random.Random(derive_seed(self.config.seed, _SHUFFLE, agent, self.flush_counts[agent]))
+        self.flush_counts[agent] += 1
+        for turn in sorted({g.turn for g in buffer}):
+            groups = [g for g in buffer if g.turn == turn]
+            rng.shuffle(groups)
+            size = self.config.groups_per_update
+            for start in range(0, len(groups), size):
+                self._update(agent, groups[start : start + size])
+
+    def _flush_distributed(self, agent: int) -> None:
+        """[distributed] ``_flush`` on every process at once: per turn, mini-batch ``b`` is the
+        union of every process's ``b``-th local mini-batch (a process with fewer joins with
+        none), and its loss is divided by the global group count."""
+        dist, c = self.distributed, self.config
+        buffer, self.buffers[agent] = self.buffers[agent], []
+        size = c.groups_per_update
+        by_turn = [[g for g in buffer if g.turn == t] for t in range(1, c.num_turns + 1)]
+        num_batches = [int(n) for n in dist.max([math.ceil(len(gs) / size) for gs in by_turn])]
+        if not any(num_batches):
+            return
+        rng = random.Random(derive_seed(c.seed, _SHUFFLE, agent, self.flush_counts[agent]))
+        self.flush_counts[agent] += 1
+        for groups, count in zip(by_turn, num_batches):
+            rng.shuffle(groups)
+            for b in range(count):
+                batch = groups[b * size : (b + 1) * size]
+                self._update(agent, batch, group_count=int(dist.sum([len(batch)])[0]))
+
+    def _update(self, agent: int, groups: list[NodeGroup], group_count: int | None = None) -> None:
+        c = self.config
+        result = update_agent(
+            self.policies[agent], self.optimizers[agent], groups,
+            advantage_mode=self.advantage_mode, normalize_advantage=c.normalize_advantage,
+            micro_batch_size=c.logprob_micro_batch_size, step=self.global_step, agent=agent,
+            reference=self.reference_policies[agent] if self.reference_policies else None,
+            reference_kl_coef=c.reference_kl_coef, skip_nonfinite=c.skip_nonfinite,
+            max_grad_norm=c.max_grad_norm,
+            group_count=group_count, distributed=self.distributed,  # [distributed]
+        )
+        if result.skipped:
+            self.skipped_nonfinite[agent] += 1
+        else:
+            self.update_counts[agent] += 1
+        self._step_updates[agent].append(result)
+
+    def _agent_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for i, results in enumerate(self._step_updates):
+            done = [r for r in results if not r.skipped]
+            if done:
+                out[f"agent_{i}/loss"] = sum(r.loss for r in done) / len(done)
+                out[f"agent_{i}/advantage_abs_mean"] = sum(r.advantage_abs_mean for r in done) / len(done)
+                kls = [r.kl_mean for r in done if r.kl_mean is not None]
+                if kls:
+                    out[f"agent_{i}/kl"] = sum(kls) / len(kls)
+            out[f"agent_{i}/updates"] = float(self.update_counts[i])
+            out[f"agent_{i}/skipped_nonfinite"] = float(self.skipped_nonfinite[i])
+        return out
+
+    def _finish(self) -> None:
+        for agent in range(len(self.policies)):
+            self._flush(agent)
+        if self.config.eval_interval:
+            self.evaluate()
+        if self.config.save_final_checkpoint:
+            self.save_checkpoint()
+        if self.distributed.is_main:  # [distributed]
+            self.plot_rewards()
+
+    def plot_rewards(self) -> pathlib.Path | None:
+        """``reward_curve.png`` in the run folder (needs matplotlib; skipped without it)."""
+        return self._plot_reward_curve(f"turn_{t}/reward_mean" for t in range(1, self.config.num_turns + 1))
+
+    # -- evaluation -----------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Run ``eval_num_samples`` evaluation tasks (one path each) and log ``eval/...``."""
+        c = self.config
+        return self._evaluate_episodes(c.num_turns, c.discount, derive_seed(c.seed, _EVAL, self.global_step))
+
+    # -- checkpoints ----------------------------------------------------------------
+    def save_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
+        """Policies, optimizers, buffers and counters, atomically (default:
+        ``output_dir/checkpoints/checkpoint-<step>``)."""
+        path = directory or checkpoint_path(self.run_dir / "checkpoints", self.global_step)
+        cursor = {
+            "algorithm": self.algorithm_name, "global_step": self.global_step,
+            "flush_counts": self.flush_counts, "update_counts": self.update_counts,
+            "skipped_nonfinite": self.skipped_nonfinite,
+        }
+        buffers = json.dumps([[g.to_dict() for g in buf] for buf in self.buffers]).encode()
+        extra = {"buffers.json": buffers}
+        if self.distributed.enabled:  # [distributed] every process calls this; rank 0 writes
+            cursor["world_size"] = self.distributed.world_size
+            rank_buffers = self.distributed.gather_objects(buffers)
+            extra.update({f"buffers_rank{r}.json": b for r, b in enumerate(rank_buffers)})
+            if not self.distributed.is_main:
+                return pathlib.Path(path)
+        return save_checkpoint(
+            path,
+            policies=agent_entries(self.policies), optimizers=agent_entries(self.optimizers),
+            cursor=cursor, extra_files=extra,
+        )
+
+    def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
+        """Restore a checkpoint (default: the latest complete one under ``output_dir``)."""
+        path, cursor = load_own_checkpoint(self.run_dir, directory, self.algorithm_name,
+                                           policies=agent_entries(self.policies),
+                                           optimizers=agent_entries(self.optimizers))
+        self.global_step = int(cursor["global_step"])
+        self.flush_counts = list(cursor["flush_counts"])
+        self.update_counts = list(cursor["update_counts"])
+        self.skipped_nonfinite = list(cursor["skipped_nonfinite"])
+        world = int(cursor.get("world_size", 1))
+        if world != self.distributed.world_size:  # [distributed] buffers are per process
+            raise ValueError(f"{path} was written by {world} process(es); resume it with {world}, "
+                             f"not {self.distributed.world_size}")
+        name = f"buffers_rank{self.distributed.rank}.json" if self.distributed.enabled else "buffers.json"
+        raw = json.loads(read_extra_file(path, name))
+        self.buffers = [[NodeGroup.from_dict(g) for g in buf] for buf in raw]
+        return path

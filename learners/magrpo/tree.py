@@ -1,0 +1,165 @@
+"""MAGRPO rollout tree, built one level (turn) at a time.
+
+At each node every agent samples ``G = num_generations`` responses to its prompt. The
+responses form joint actions:
+
+* ``aligned``: the g-th response of every agent -> G joint actions per node;
+* ``cross``: the Cartesian product -> G**N joint actions per node.
+
+Each joint action steps its own ``clone()`` of the node's environment (the environment
+scores it and builds the next prompts: the external transition) and, unless the episode
+ended (early termination, truncation) or ``num_turns`` is reached, becomes a child node.
+
+Speed: all nodes of a level are handled together -- one ``Policy.generate`` call per
+agent per level (every node prompt of the level, ``num_samples=G``) and one
+``step_many`` call per level (one sandbox batch for code environments).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from comlrl_core.env_api import step_many
+from comlrl_core.policy import Completion, GenerationConfig, Policy
+from learners.common.seeding import derive_seed
+
+JOINT_MODES = ("aligned", "cross")
+
+
+@dataclass
+class JointAction:
+    """One joint action of a node: which response of each agent, and what it led to."""
+
+    indices: tuple[int, ...]
+    reward: float = 0.0
+    done: bool = False
+    child: "TreeNode | None" = None
+    ret: float = 0.0  # filled by compute_returns
+
+
+@dataclass
+class TreeNode:
+    """A state of the episode (one env clone) at a given turn (1-based)."""
+
+    turn: int
+    prompts: list[str]
+    env: Any = None
+    completions: list[list[Completion]] = field(default_factory=list)  # [agent][g]
+    joints: list[JointAction] = field(default_factory=list)
+
+
+@dataclass
+class RolloutTree:
+    root: TreeNode
+    levels: list[list[TreeNode]]
+    env_steps: int = 0
+    generate_calls: int = 0
+
+    def nodes(self) -> list[TreeNode]:
+        return [node for level in self.levels for node in level]
+
+    def leaves(self) -> list[JointAction]:
+        """Joint actions that end a branch (terminal or at the last turn)."""
+        return [j for node in self.nodes() for j in node.joints if j.child is None]
+
+
+def joint_indices(num_agents: int, num_generations: int, joint_mode: str) -> list[tuple[int, ...]]:
+    """Per-agent response indices of each joint action of one node."""
+    if joint_mode == "aligned":
+        return [(g,) * num_agents for g in range(num_generations)]
+    if joint_mode == "cross":
+        return list(itertools.product(range(num_generations), repeat=num_agents))
+    raise ValueError(f"joint_mode must be one of {JOINT_MODES}, got {joint_mode!r}")
+
+
+def _team_reward(rewards: dict[str, float], agents: Sequence[str]) -> float:
+    # The team reward is shared; read it from the first agent that reports one.
+    for agent in agents:
+        if agent in rewards:
+            return float(rewards[agent])
+    return float(next(iter(rewards.values()))) if rewards else 0.0
+
+
+def _episode_over(terms: dict[str, bool], truncs: dict[str, bool], env: Any) -> bool:
+    if any(terms.values()) or any(truncs.values()):
+        return True
+    return hasattr(env, "agents") and len(env.agents) == 0
+
+
+def build_tree(
+    env: Any,
+    prompts: Sequence[str],
+    policies: Sequence[Policy],
+    agent_names: Sequence[str],
+    *,
+    num_generations: int,
+    num_turns: int,
+    joint_mode: str = "aligned",
+    generation_config: GenerationConfig | None = None,
+    seed: int = 0,
+    keep_envs: bool = False,
+) -> RolloutTree:
+    """Expand the tree from ``env`` (already reset) whose turn-1 prompts are ``prompts``.
+
+    ``seed`` makes generation reproducible: level ``t``, agent ``i`` samples with
+    ``derive_seed(seed, t, i)``. Node envs are dropped once stepped unless ``keep_envs``.
+    """
+    n = len(policies)
+    if n != len(agent_names) or n != len(prompts):
+        raise ValueError(
+            f"build_tree needs one policy and one prompt per agent: {n} policies, "
+            f"{len(agent_names)} agent names, {len(prompts)} prompts"
+        )
+    if num_generations < 1 or num_turns < 1:
+        raise ValueError("num_generations and num_turns must be >= 1")
+    combos = joint_indices(n, num_generations, joint_mode)
+    root = TreeNode(turn=1, prompts=list(prompts), env=env)
+    tree = RolloutTree(root=root, levels=[])
+    level = [root]
+    for turn in range(1, num_turns + 1):
+        tree.levels.append(level)
+        # One generate call per agent for the whole level.
+        for i, policy in enumerate(policies):
+            outs = policy.generate(
+                [node.prompts[i] for node in level],
+                num_samples=num_generations,
+                generation_config=generation_config,
+                seed=derive_seed(seed, turn, i),
+            )
+            tree.generate_calls += 1
+            if len(outs) != len(level) or any(len(o) != num_generations for o in outs):
+                raise RuntimeError(
+                    f"{type(policy).__name__}.generate returned a wrong shape: expected "
+                    f"{len(level)} prompts x {num_generations} samples"
+                )
+            for node, node_outs in zip(level, outs):
+                node.completions.append(list(node_outs))
+        # Every joint action of the level steps its own clone, all in one batch.
+        clones, actions, owners = [], [], []
+        for node in level:
+            for idx in combos:
+                node.joints.append(JointAction(indices=idx))
+                clones.append(node.env.clone())
+                actions.append(
+                    {agent_names[a]: node.completions[a][g].text for a, g in enumerate(idx)}
+                )
+                owners.append(node.joints[-1])
+            if not keep_envs:
+                node.env = None
+        results = step_many(clones, actions)
+        tree.env_steps += len(results)
+        next_level: list[TreeNode] = []
+        for joint, clone, (obs, rewards, terms, truncs, _infos) in zip(owners, clones, results):
+            joint.reward = _team_reward(rewards, agent_names)
+            joint.done = _episode_over(terms, truncs, clone)
+            if joint.done or turn == num_turns:
+                continue
+            child = TreeNode(turn=turn + 1, prompts=[obs[a] for a in agent_names], env=clone)
+            joint.child = child
+            next_level.append(child)
+        if not next_level:
+            break
+        level = next_level
+    return tree

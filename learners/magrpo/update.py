@@ -1,0 +1,126 @@
+"""One optimizer step of one agent on a mini-batch of node groups.
+
+Steps: optional KL shaping (k3 to a frozen reference, subtracted from each response's
+return), group advantages, then the policy-gradient loss accumulated over micro-batches
+(``logprob_micro_batch_size`` sequences per forward) and one AdamW step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from comlrl_core.policy import Policy
+from comlrl_core.tokens import k3_kl
+from learners.common.distributed import DistributedContext
+from learners.common.logprobs import accumulate_gradients, sequence_logprobs_nograd
+from learners.magrpo.advantages import group_advantages
+from learners.magrpo.groups import NodeGroup
+from learners.magrpo.losses import NonFiniteLossError, check_finite, sequence_pg_loss
+
+
+@dataclass
+class UpdateResult:
+    loss: float  # NaN when skipped
+    skipped: bool
+    kl_mean: float | None
+    advantage_abs_mean: float
+
+
+def k3_per_sequence(policy_lp: Sequence[torch.Tensor], ref_lp: Sequence[torch.Tensor]) -> list[float]:
+    """Summed k3 KL of each sequence (inputs: 1-D per-token log-probs of real tokens)."""
+    return [
+        float(k3_kl(lp.unsqueeze(0), ref.unsqueeze(0), torch.ones(1, lp.numel()))[0])
+        for lp, ref in zip(policy_lp, ref_lp)
+    ]
+
+
+def _common_group_size(groups: Sequence[NodeGroup]) -> int | None:
+    sizes = {len(g.completion_ids) for g in groups}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def update_agent(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    groups: Sequence[NodeGroup],
+    *,
+    advantage_mode: str,
+    normalize_advantage: bool,
+    micro_batch_size: int,
+    step: int,
+    agent: int,
+    reference: Policy | None = None,
+    reference_kl_coef: float = 0.0,
+    skip_nonfinite: bool = False,
+    max_grad_norm: float | None = None,
+    group_count: int | None = None,
+    distributed: DistributedContext | None = None,
+) -> UpdateResult:
+    """One optimizer step on ``groups`` (the loss is the mean over groups of each group's
+    mean response loss).
+
+    [distributed] ``group_count`` is the number of groups in the update over ALL
+    processes (default: ``len(groups)``) and ``distributed`` sums the gradients over the
+    processes before clipping and stepping; ``groups`` may then be empty on this process.
+    """
+    prompts = [p for g in groups for p in g.prompt_ids]
+    comps = [c for g in groups for c in g.completion_ids]
+    returns = [list(g.returns) for g in groups]
+    kl_mean = None
+    if reference_kl_coef > 0:
+        if reference is None:
+            raise ValueError("reference_kl_coef > 0 needs a reference policy")
+        kls = k3_per_sequence(
+            sequence_logprobs_nograd(policy, prompts, comps, micro_batch_size),
+            sequence_logprobs_nograd(reference, prompts, comps, micro_batch_size),
+        )
+        kl_mean = sum(kls) / max(1, len(kls))
+        pos = 0
+        for r in returns:
+            for k in range(len(r)):
+                r[k] -= reference_kl_coef * kls[pos]
+                pos += 1
+    coefs: list[float] = []
+    adv_abs = 0.0
+    num_groups = group_count or len(returns)  # [distributed] the global count
+    for r in returns:
+        adv = group_advantages(r, advantage_mode, normalize_advantage)
+        adv_abs += float(adv.abs().mean()) / len(returns)
+        # Mean over the group's responses, then mean over the groups of the batch.
+        coefs.extend((adv / (len(r) * num_groups)).tolist())
+    coef = torch.tensor(coefs, dtype=torch.float32)
+
+    def veto(loss: torch.Tensor) -> bool:
+        try:
+            return check_finite(loss, step=step, agent=agent)
+        except NonFiniteLossError:
+            if skip_nonfinite:
+                return False
+            optimizer.zero_grad(set_to_none=True)
+            raise
+
+    optimizer.zero_grad(set_to_none=True)
+    loss = accumulate_gradients(
+        policy,
+        prompts,
+        comps,
+        lambda lp, mask, idx: sequence_pg_loss(lp, mask, coef[idx.start : idx.stop]),
+        micro_batch_size,
+        on_loss=veto,
+        group_size=_common_group_size(groups),
+    )
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    # [distributed] sum the processes' gradients; all skip together on a NaN anywhere.
+    if distributed is not None and distributed.enabled and not distributed.sync_gradients(params, loss == loss):
+        loss = float("nan")
+    if loss != loss:  # NaN: vetoed and skipping
+        optimizer.zero_grad(set_to_none=True)
+        return UpdateResult(float("nan"), True, kl_mean, adv_abs)
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return UpdateResult(loss, False, kl_mean, adv_abs)

@@ -1,0 +1,79 @@
+"""MARLHFTrainer / MARLHFIterTrainer with fake policies and the tiny reward model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from preference_fakes import FakeTeam, TextBigram, a_fraction, env_factory
+
+from comlrl_core.config import ConfigError
+from learners.marlhf import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
+
+
+def _kw(tmp_path, **kw):
+    base = dict(preference_num_candidates=4, preference_pairs_per_sample=2, max_new_tokens=3, temperature=1.0,
+                top_p=1.0, top_k=None, eval_interval=1, eval_num_samples=2, agent_learning_rate=0.1,
+                output_dir=str(tmp_path / "run"), progress_bar=False, seed=3, reward_model_name="tiny-random",
+                reward_model_device="cpu", reward_learning_rate=1e-3, num_generations=2, max_steps=2)
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("kw,option", [
+    (dict(rl_algorithm="ppo"), "rl_algorithm"), (dict(num_turns=2), "num_turns"),
+    (dict(rl_algorithm="maac", reference_kl_coef=0.1), "reference_kl_coef"),
+    (dict(rl_algorithm="magrpo", num_generations=1), "num_generations"),
+])
+def test_config_errors(kw, option):
+    with pytest.raises(ConfigError, match=option):
+        MARLHFConfig(**kw)
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "iac"])
+def test_backend_trains_on_reward_model_scores_and_evaluates_on_task_reward(tmp_path, algo):
+    extra = dict(num_generations=1, rl_kwargs={"critic_model": "tiny-random", "rollout_buffer_size": 1}) if algo == "iac" else {}
+    cfg = MARLHFConfig(**_kw(tmp_path, rl_algorithm=algo, **extra))
+    pols = [TextBigram(init_seed=1), TextBigram(init_seed=2)]
+    before = [p.logits.detach().clone() for p in pols]
+    trainer = MARLHFTrainer(cfg, FakeTeam(pols), env_factory(a_fraction))
+    trainer.train()
+    assert trainer.reward_model is not None and not any(p.requires_grad for p in trainer.reward_model.parameters())
+    assert any("reward_model/accuracy" in h for h in trainer.history)
+    assert any(not torch.equal(b, p.logits) for b, p in zip(before, pols))  # the backend updated the team
+    # during RL the team reward is the reward model's score ...
+    env = trainer.backend.env
+    env.reset(options={"task": 0})
+    obs, rewards, *_rest, infos = env.step({"a0": "aaa", "a1": "b"})
+    prompts = ["task0 turn1 a0", "task0 turn1 a1"]
+    expected = trainer.reward_model.score_joint([(prompts, ["aaa", "b"])])[0]
+    assert rewards["a0"] == pytest.approx(expected, abs=1e-5)
+    assert infos["a0"]["task_reward"] == pytest.approx(0.75)
+    # ... while every evaluation reports the task reward (a_fraction lies in [0, 1])
+    evals = [h for h in trainer.backend.history if "eval/turn_1/reward_mean" in h]
+    evals += [h for h in trainer.history if "eval/turn_1/reward_mean" in h]
+    assert evals and all(0.0 <= h["eval/turn_1/reward_mean"] <= 1.0 for h in evals)
+    assert trainer.reward_switch.enabled
+
+
+def test_no_pairs_no_reward_model_no_update(tmp_path):
+    pols = [TextBigram(init_seed=1), TextBigram(init_seed=2)]
+    trainer = MARLHFTrainer(MARLHFConfig(**_kw(tmp_path)), FakeTeam(pols), env_factory(lambda t, a, turn: 0.5))
+    assert trainer.train() == {}
+    assert trainer.reward_model is None and trainer.backend is None
+
+
+def test_iterative_reward_model_scoring_falls_back_to_the_task_reward(tmp_path):
+    cfg = MARLHFIterConfig(**_kw(tmp_path, num_iterations=2, preference_scoring_reward="reward_model",
+                                 reward_num_train_epochs=1, eval_interval=0))
+    trainer = MARLHFIterTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction))
+    oracles = []
+    real = trainer.preference_oracle
+    trainer.preference_oracle = lambda: oracles.append(real()) or oracles[-1]
+    models = []
+    fit = trainer.fit_reward_model
+    trainer.fit_reward_model = lambda pairs, r=0: (models.append(r), fit(pairs, r))[1]
+    trainer.train()
+    assert type(oracles[0]).__name__ == "TaskRewardOracle"  # round 1: no reward model yet
+    assert type(oracles[1]).__name__ == "RewardModelOracle"
+    assert models == [1, 2]  # a fresh reward model every round
+    assert (tmp_path / "run" / "rl" / "iteration_0002").is_dir()

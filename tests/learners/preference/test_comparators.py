@@ -1,0 +1,118 @@
+"""Comparators: centralized parsing (drops, never crashes), the API comparator against a
+local HTTP server in all four formats, and history checkpoints loaded once per round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from fake_llm_server import FakeLLMServer
+from preference_fakes import FakeTeam, TextBigram, a_fraction, env_factory
+
+from comlrl_core.config import ConfigError
+from comlrl_core.policy import GenerationConfig
+from comlrl_core.simple_policies import CallablePolicy
+from learners.madpo import MADPOIterConfig, MADPOIterTrainer
+from learners.preference.candidates import TaskCandidates
+from learners.preference.comparators import Comparator, centralized_prompt, parse_centralized
+
+
+def test_parse_centralized():
+    assert parse_centralized("<agent_0> hi </agent_0>\n<AGENT_1>yo</agent_1>", 2) == ["hi", "yo"]
+    assert parse_centralized("<agent_0>only one</agent_0>", 2) is None
+    assert parse_centralized("", 1) is None
+    assert "<agent_1>" in centralized_prompt(["p0", "p1"], ["a", "b"])
+
+
+def test_centralized_comparator_drops_unparseable_candidates():
+    replies = iter(["<agent_0>x</agent_0><agent_1>y</agent_1>", "garbage", "<agent_0>z</agent_0>",
+                    "<agent_1>b</agent_1><agent_0>a</agent_0>"] * 2)
+    seen = []
+
+    def writer(prompt):
+        seen.append(prompt)
+        return next(replies)
+
+    comp = Comparator([CallablePolicy(lambda p: "unused"), CallablePolicy(writer)], ["a0", "a1"], centralized_index=1)
+    tasks = [TaskCandidates(task=0, env=None, prompts=["p0", "p1"]), TaskCandidates(task=1, env=None, prompts=["q0", "q1"])]
+    dropped = comp.sample(tasks, 4, GenerationConfig(), [0, 1])
+    assert dropped == 4
+    assert [None if c is None else c.completions for c in tasks[0].candidates] == [["x", "y"], None, None, ["a", "b"]]
+    assert all("p0" in s and "p1" in s for s in seen[:4])
+
+
+def _iter_config(tmp_path, **kw):
+    base = dict(num_iterations=2, preference_num_candidates=3, preference_pairs_per_sample=2, max_new_tokens=3,
+                temperature=1.0, top_p=1.0, top_k=None, num_train_epochs=1, train_batch_size=2, eval_interval=0,
+                agent_learning_rate=0.1, output_dir=str(tmp_path / "run"), progress_bar=False, seed=2)
+    base.update(kw)
+    return MADPOIterConfig(**base)
+
+
+@pytest.mark.parametrize("fmt", ["generic", "openai", "anthropic", "openai_responses"])
+def test_api_comparator_in_every_format(tmp_path, fmt, monkeypatch):
+    monkeypatch.setenv("FAKE_KEY", "sk-test")
+    server = FakeLLMServer()
+    try:
+        url = {"generic": server.generic_url, "anthropic": server.url}.get(fmt, server.base_url)
+        # the comparator's answers contain many 'a's: it wins the comparisons on a_fraction
+        cfg = _iter_config(tmp_path, comparator_policy="api", comparator_api_format=fmt, comparator_api_url=url,
+                           comparator_api_model="m", comparator_api_key_env="FAKE_KEY",
+                           comparator_api_response_field="outputs", num_iterations=1)
+        trainer = MADPOIterTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]),
+                                   env_factory(a_fraction))
+        trainer.train()
+    finally:
+        server.close()
+    assert server.requests, "the comparator never called the server"
+    sent = " ".join(json.dumps(r.body) for r in server.requests)
+    assert all(f"task{t} turn1 a{i}" in sent for t in range(3) for i in range(2))  # every agent's own prompt
+    payload = json.loads((tmp_path / "run" / "preference_replay" / "iteration_0001.json").read_text())
+    assert payload["num_pairs"] > 0
+    texts = [c for p in payload["pairs"] for c in p["winner_completions"] + p["loser_completions"]]
+    assert any("|task" in t for t in texts)  # the server's answers took part
+    for p in payload["pairs"]:
+        assert p["winner_reward"] > p["loser_reward"]
+        assert p["raw_rewards"] == [p["winner_reward"], p["loser_reward"]]
+        assert {p["target_raw_reward"], p["comparator_raw_reward"]} == set(p["raw_rewards"])
+
+
+def test_history_comparator_loads_once_per_round(tmp_path):
+    cfg = _iter_config(tmp_path, comparator_policy="history", comparator_history_k=1, num_iterations=3)
+    trainer = MADPOIterTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction, 4))
+    loads = []
+    real = trainer.history_checkpoint
+    trainer.history_checkpoint = lambda r: loads.append(r) or real(r)
+    trainer.train()
+    assert loads == [1, 2, 3]  # once per round, not per task
+    assert trainer.comparator_loads == 3
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "policy_checkpoints").iterdir())
+    assert ckpts == ["iteration_0000", "iteration_0001", "iteration_0002", "iteration_0003"]
+    assert real(1).name == "iteration_0000" and real(3).name == "iteration_0002"
+    # the comparator of the last round held the weights saved after round 2
+    saved = torch.load(tmp_path / "run" / "policy_checkpoints" / "iteration_0002" / "policies" / "agent_0" / "logits.pt")
+    assert torch.equal(trainer._history_copies[0].logits, saved)
+    assert not trainer._history_copies[0].logits.requires_grad
+
+
+def test_current_comparator_uses_a_separate_stream_and_may_lose(tmp_path):
+    cfg = _iter_config(tmp_path, pair_selection="all", preference_pairs_per_sample=None, num_iterations=1)
+    trainer = MADPOIterTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction, 4))
+    trainer.train()
+    payload = json.loads((tmp_path / "run" / "preference_replay" / "iteration_0001.json").read_text())
+    sides = {p["target_raw_reward"] == p["winner_reward"] for p in payload["pairs"]}
+    assert payload["num_pairs"] > 0 and sides == {True, False}  # either side wins sometimes
+
+
+@pytest.mark.parametrize("kw,option", [
+    (dict(comparator_policy="model"), "comparator_model_name"),
+    (dict(comparator_policy="api"), "comparator_api_url"),
+    (dict(comparator_history_k=2), "comparator_history_k"),
+    (dict(comparator_model_name="x"), "comparator_model_name"),
+    (dict(preference_replay_mode="current", preference_replay_sample_size=3), "preference_replay_sample_size"),
+    (dict(num_turns=2), "num_turns"),
+])
+def test_iterative_config_errors(tmp_path, kw, option):
+    with pytest.raises(ConfigError, match=option):
+        _iter_config(tmp_path, **kw)
