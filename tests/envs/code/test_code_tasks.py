@@ -2,6 +2,8 @@
 
 import gzip
 import json
+import os
+import pathlib
 import sys
 import types
 
@@ -10,8 +12,19 @@ import pytest
 from envs.code import CoopCodeEnv
 from envs.code.tasks import TaskFormatError, load_tasks, normalise_record, read_records
 
-COOP = "/work/shared/data/coophumaneval.json"
-MBPP = "/work/shared/data/mbpp-py-reworded.json"
+
+def _shared_data_dir() -> pathlib.Path:
+    """The project's shared/ folder sits beside the checkout (CI clones keep it there)."""
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    for candidate in (os.environ.get("COMLRL_SHARED_DATA"), repo.parent / "shared" / "data", "/work/shared/data"):
+        if candidate and (pathlib.Path(candidate) / "coophumaneval.json").is_file():
+            return pathlib.Path(candidate)
+    raise FileNotFoundError("shared/data (coophumaneval.json, mbpp-py-reworded.json) not found beside the "
+                            "checkout; set COMLRL_SHARED_DATA to its folder")
+
+
+COOP = str(_shared_data_dir() / "coophumaneval.json")
+MBPP = str(_shared_data_dir() / "mbpp-py-reworded.json")
 FIELDS = {"task_id", "prompt", "entry_point", "test", "test_setup", "test_statements", "assert_indices",
           "candidate_name", "canonical_solution", "source"}
 
