@@ -29,9 +29,10 @@ def test_config_errors(kw, option):
         MARLHFConfig(**kw)
 
 
-@pytest.mark.parametrize("algo", ["magrpo", "iac"])
+@pytest.mark.parametrize("algo", ["magrpo", "mareinforce", "marloo", "maremax", "iac", "maac"])
 def test_backend_trains_on_reward_model_scores_and_evaluates_on_task_reward(tmp_path, algo):
-    extra = dict(num_generations=1, rl_kwargs={"critic_model": "tiny-random", "rollout_buffer_size": 1}) if algo == "iac" else {}
+    actor_critic = algo in ("iac", "maac")
+    extra = dict(num_generations=1, rl_kwargs={"critic_model": "tiny-random", "rollout_buffer_size": 1}) if actor_critic else {}
     cfg = MARLHFConfig(**_kw(tmp_path, rl_algorithm=algo, **extra))
     pols = [TextBigram(init_seed=1), TextBigram(init_seed=2)]
     before = [p.logits.detach().clone() for p in pols]
