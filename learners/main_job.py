@@ -68,7 +68,7 @@ class MainJobConfig(BaseConfig):
         help="environment keyword arguments, shared by training and evaluation",
     )
     eval_task_slice: str = option("144:", help="held-out problems (task_slice of the evaluation env)")
-    eval_num_tasks: int = option(6, help="held-out problems evaluated before and after training")
+    eval_num_tasks: int = option(4, help="held-out problems evaluated before and after training")
     eval_n_samples: int = option(2, help="episodes per held-out problem (n of pass@k)")
     eval_k: list[int] = option([1, 2], help="k values of pass@k (k > eval_n_samples is dropped)")
     eval_temperature: float = option(0.8, help="sampling temperature during evaluation")

@@ -27,7 +27,13 @@ CONFIGS: list[tuple[str, str]] = [
     ("madpo_iter", "learners.madpo:MADPOIterConfig"),
     ("marlhf", "learners.marlhf:MARLHFConfig"),
     ("marlhf_iter", "learners.marlhf:MARLHFIterConfig"),
+    ("@comlrl main", "learners.main_job:MainJobConfig"),
 ]
+
+
+def _command(commands: str) -> str:
+    """``comlrl train <algorithms>``, or a whole command line when it starts with ``@``."""
+    return commands[1:] if commands.startswith("@") else f"comlrl train {commands}"
 
 
 def _load(path: str) -> type:
@@ -61,11 +67,11 @@ def render() -> str:
         "",
     ]
     for commands, path in CONFIGS:
-        out.append(f"- [{path.split(':')[1]}](#{path.split(':')[1].lower()}) -- `comlrl train {commands}`")
+        out.append(f"- [{path.split(':')[1]}](#{path.split(':')[1].lower()}) -- `{_command(commands)}`")
     out.append("")
     for commands, path in CONFIGS:
         cls = _load(path)
-        out += [f"## {cls.__name__}", "", f"`{path.replace(':', '.')}`, read by `comlrl train {commands}`.", ""]
+        out += [f"## {cls.__name__}", "", f"`{path.replace(':', '.')}`, read by `{_command(commands)}`.", ""]
         out += ["| option | type | default | meaning |", "|---|---|---|---|"]
         for row in describe_options(cls):
             default = "required" if row["required"] else _default(row["default"])
