@@ -36,7 +36,7 @@ import re
 import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
 
 from comlrl_core.remote_formats import BACKENDS, FormatBackend

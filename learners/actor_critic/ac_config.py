@@ -26,7 +26,7 @@ from typing import Literal
 
 from comlrl_core.config import ConfigError, check_in, check_positive, check_range, option
 from learners.actor_critic.targets import CRITIC_TYPES
-from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions
+from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions, check_training_loop
 
 
 @dataclass
@@ -98,12 +98,7 @@ class ActorCriticConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOpt
             check_positive("value_clip_range", self.value_clip_range)
         if self.critic_learning_rate is not None:
             check_positive("critic_learning_rate", self.critic_learning_rate)
-        check_positive("rollout_buffer_size", self.rollout_buffer_size)
-        if self.train_batch_size is not None:
-            check_positive("train_batch_size", self.train_batch_size)
-        check_positive("num_train_epochs", self.num_train_epochs)
-        if self.max_steps is not None:
-            check_positive("max_steps", self.max_steps)
+        check_training_loop(self)
         check_positive("save_steps", self.save_steps, allow_zero=True)
 
 

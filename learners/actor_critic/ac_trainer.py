@@ -24,7 +24,6 @@ import torch
 
 from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.metrics import MetricsLogger
-from comlrl_core.progress import progress, set_postfix
 from learners.actor_critic.ac_config import ActorCriticConfig
 from learners.actor_critic.critics import Critic, ModelCritic
 from learners.actor_critic.episode_buffer import EpisodeBuffer
@@ -32,7 +31,7 @@ from learners.actor_critic.targets import discounted_returns
 from learners.common.episodes import Episode, collect_episodes
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies
-from learners.common.trainer_utils import TrainerCommon, agent_entries, load_own_checkpoint, planned_items, shuffled_task
+from learners.common.trainer_utils import TaskItemTraining, TrainerCommon, agent_entries, load_own_checkpoint, planned_items, shuffled_task
 
 # Seed-path tags: keep the random streams of different purposes apart.
 _ROLLOUT, _SHUFFLE, _ORDER, _EVAL = 1, 3, 4, 5
@@ -49,7 +48,7 @@ class UpdateRecord:
     reason: str  # "buffer_full" | "epoch_end"
 
 
-class ActorCriticTrainer(TrainerCommon):
+class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
     """Base of IAC / MAAC; see the subclasses for the constructor arguments."""
 
     algorithm_name = "ActorCritic"
@@ -150,28 +149,6 @@ class ActorCriticTrainer(TrainerCommon):
         return shuffled_task(step, self.num_tasks, self.config.shuffle_tasks, self.config.seed, _ORDER)
 
     # -- training -------------------------------------------------------------------
-    def train(self, stop_after: int | None = None) -> dict[str, float]:
-        """Train until ``total_steps`` (or pause after global step ``stop_after``)."""
-        c = self.config
-        end = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
-        last: dict[str, float] = {}
-        bar = progress(total=self.total_steps, initial=self.global_step, desc=self.algorithm_name,
-                       disable=None if c.progress_bar is None else not c.progress_bar, unit="task")
-        try:
-            while self.global_step < end:
-                if c.eval_interval and self.global_step % c.eval_interval == 0:
-                    self.evaluate()
-                last = self.train_step()
-                bar.update(1)
-                set_postfix(bar, {k: v for k, v in last.items() if k.endswith("reward_mean")})
-                if c.save_steps and self.global_step % c.save_steps == 0:
-                    self.save_checkpoint()
-        finally:
-            bar.close()
-        if self.global_step >= self.total_steps:
-            self._finish()
-        return last
-
     def train_step(self) -> dict[str, float]:
         """One task item: episodes, buffer, maybe an update round. Returns its metrics."""
         c, step = self.config, self.global_step

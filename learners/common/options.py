@@ -20,7 +20,7 @@ from typing import Any
 
 from comlrl_core.config import BaseConfig, ConfigError, check_positive, check_range, option
 
-__all__ = ["GenerationOptions", "OptimizerOptions", "RunOptions", "TeamOptions"]
+__all__ = ["GenerationOptions", "OptimizerOptions", "RunOptions", "TeamOptions", "check_training_loop"]
 
 
 @dataclass
@@ -107,3 +107,14 @@ class TeamOptions(BaseConfig):
             check_positive("num_agents", self.num_agents)
         check_positive("lora_r", self.lora_r)
         check_range("lora_dropout", self.lora_dropout, 0.0, 1.0, high_inclusive=False)
+
+
+def check_training_loop(config: Any) -> None:
+    """Checks of the rollout-buffer / epoch options that MAGRPO, actor-critic and MARLHF
+    each declare with their own meaning and defaults (so they are no shared group)."""
+    check_positive("rollout_buffer_size", config.rollout_buffer_size)
+    if config.train_batch_size is not None:
+        check_positive("train_batch_size", config.train_batch_size)
+    check_positive("num_train_epochs", config.num_train_epochs)
+    if config.max_steps is not None:
+        check_positive("max_steps", config.max_steps)

@@ -17,11 +17,15 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from comlrl_core.checkpoint import latest_checkpoint, load_checkpoint
 from comlrl_core.metrics import plot_metric
 from comlrl_core.policy import GenerationConfig
+from comlrl_core.progress import progress, set_postfix
 from learners.common.evaluation import episode_metrics, run_episodes
 from learners.common.seeding import derive_seed
 from learners.common.setup import num_tasks
 
-__all__ = ["TrainerCommon", "agent_entries", "load_own_checkpoint", "planned_items", "shuffled_task"]
+__all__ = [
+    "TaskItemTraining", "TrainerCommon", "add_rank_files", "agent_entries", "load_own_checkpoint", "planned_items", "rank_file_to_read",
+    "shuffled_task",
+]
 
 
 class TrainerCommon:
@@ -72,6 +76,40 @@ class TrainerCommon:
         return metrics
 
 
+class TaskItemTraining:
+    """Mixin: the ``train`` loop of trainers whose step is one task item (MAGRPO, actor-critic).
+
+    It expects ``config``, ``total_steps``, ``global_step``, ``algorithm_name`` and the
+    methods ``train_step``, ``evaluate``, ``save_checkpoint`` and ``_finish``.
+    """
+
+    def train(self, stop_after: int | None = None) -> dict[str, float]:
+        """Train until ``total_steps`` (or pause after global step ``stop_after``).
+
+        A paused run can be checkpointed and resumed; only a finished run calls
+        ``_finish`` (final flush, evaluation, checkpoint and plot).
+        """
+        c = self.config
+        end = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
+        last: dict[str, float] = {}
+        bar = progress(total=self.total_steps, initial=self.global_step, desc=self.algorithm_name,
+                       disable=None if c.progress_bar is None else not c.progress_bar, unit="task")
+        try:
+            while self.global_step < end:
+                if c.eval_interval and self.global_step % c.eval_interval == 0:
+                    self.evaluate()
+                last = self.train_step()
+                bar.update(1)
+                set_postfix(bar, {k: v for k, v in last.items() if k.endswith("reward_mean")})
+                if c.save_steps and self.global_step % c.save_steps == 0:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        if self.global_step >= self.total_steps:
+            self._finish()
+        return last
+
+
 def planned_items(num_train_epochs: int, num_tasks: int, max_steps: int | None) -> int:
     """Task items of a whole run: every epoch over every task, capped by ``max_steps``."""
     full = num_train_epochs * num_tasks
@@ -108,3 +146,32 @@ def load_own_checkpoint(run_dir: pathlib.Path, directory: str | pathlib.Path | N
     if cursor.get("algorithm") != algorithm_name:
         raise ValueError(f"{path} was written by {cursor.get('algorithm')}, not {algorithm_name}")
     return path, cursor
+
+
+def _rank_name(name: str, rank: int) -> str:
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}_rank{rank}.{ext}" if dot else f"{name}_rank{rank}"
+
+
+def add_rank_files(distributed: Any, cursor: dict[str, Any], extra: dict[str, bytes], name: str) -> bool:
+    """[distributed] Every process calls this while saving: record the world size in
+    ``cursor`` and gather each process's ``extra[name]`` into ``<stem>_rank<r>.<ext>``.
+
+    Returns whether this process writes the checkpoint (rank 0, or any single process).
+    """
+    if not distributed.enabled:
+        return True
+    cursor["world_size"] = distributed.world_size
+    per_rank = distributed.gather_objects(extra[name])
+    extra.update({_rank_name(name, r): b for r, b in enumerate(per_rank)})
+    return distributed.is_main
+
+
+def rank_file_to_read(distributed: Any, cursor: dict[str, Any], path: pathlib.Path, name: str) -> str:
+    """[distributed] The extra file this process restores its own part from: ``name``, or
+    its rank's copy. The checkpoint must come from the same number of processes."""
+    world = int(cursor.get("world_size", 1))
+    if world != distributed.world_size:
+        raise ValueError(f"{path} was written by {world} process(es); resume it with {world}, "
+                         f"not {distributed.world_size}")
+    return _rank_name(name, distributed.rank) if distributed.enabled else name

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 from comlrl_core.config import option
 from comlrl_core.metrics import MetricsLogger
@@ -19,17 +19,11 @@ from learners.madpo.madpo_config import MADPOConfig
 from learners.madpo.madpo_trainer import MADPOTrainer
 from learners.preference.iter_config import IterativeOptions
 from learners.preference.iterative import IterativeRounds
-from learners.preference.pairs import PAIR_SELECTIONS
 
 
 @dataclass
 class MADPOIterConfig(IterativeOptions, MADPOConfig):
-    allowed_pair_selections: ClassVar[tuple[str, ...]] = PAIR_SELECTIONS
-
     num_train_epochs: int = option(1, help="DPO epochs over each round's training pairs")
-    preference_num_candidates: int = option(20, help="responses each agent samples per task item and round")
-    preference_pairs_per_sample: int | None = option(4, help="comparisons kept per task item (None: all)")
-    pair_selection: str = option("comparator_reward", help="comparator_reward | reward_gap | random | all")
     output_dir: str = option("runs/madpo_iter", help="run folder: metrics, checkpoints, replay files")
 
 

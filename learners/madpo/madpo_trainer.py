@@ -37,7 +37,7 @@ from comlrl_core.metrics import MetricsLogger
 from comlrl_core.progress import progress
 from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
 from learners.common.seeding import derive_seed
-from learners.common.trainer_utils import agent_entries, load_own_checkpoint
+from learners.common.trainer_utils import add_rank_files, agent_entries, load_own_checkpoint, rank_file_to_read
 from learners.madpo.madpo_config import MADPOConfig
 from learners.madpo.madpo_loss import madpo_update
 from learners.preference.build import with_token_ids
@@ -185,11 +185,7 @@ class MADPOTrainer(PreferenceTrainerBase):
         self.batch_in_epoch = int(cursor["batch_in_epoch"])
         self.skipped_nonfinite = int(cursor["skipped_nonfinite"])
         self.finished = bool(cursor["finished"])
-        world = int(cursor.get("world_size", 1))
-        if world != self.distributed.world_size:  # [distributed] pairs are per process
-            raise ValueError(f"{path} was written by {world} process(es); resume it with {world}, "
-                             f"not {self.distributed.world_size}")
-        name = f"pairs_rank{self.distributed.rank}.json" if self.distributed.enabled else "pairs.json"
+        name = rank_file_to_read(self.distributed, cursor, path, "pairs.json")  # [distributed] per process
         raw = json.loads(read_extra_file(path, name))
         self.pairs = None if raw is None else [PreferencePair.from_record(r) for r in raw]
 
@@ -197,12 +193,8 @@ class MADPOTrainer(PreferenceTrainerBase):
         """Policies, optimizers, pairs and the training cursor, atomically."""
         path = directory or checkpoint_path(self.run_dir / "checkpoints", self.global_step)
         cursor, extra = self._cursor(), self._extra_files()
-        if self.distributed.enabled:  # [distributed] every process calls this; rank 0 writes
-            cursor["world_size"] = self.distributed.world_size
-            rank_pairs = self.distributed.gather_objects(extra["pairs.json"])
-            extra.update({f"pairs_rank{r}.json": b for r, b in enumerate(rank_pairs)})
-            if not self.distributed.is_main:
-                return pathlib.Path(path)
+        if not add_rank_files(self.distributed, cursor, extra, "pairs.json"):  # [distributed] rank 0 writes
+            return pathlib.Path(path)
         return save_checkpoint(path, policies=agent_entries(self.policies), optimizers=agent_entries(self.optimizers),
                                cursor=cursor, extra_files=extra)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from comlrl_core.config import ConfigError, check_in, check_positive, check_range, option
-from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions
+from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions, check_training_loop
 
 ADVANTAGE_MODES = ("mean", "raw", "rloo", "max")
 
@@ -80,10 +80,5 @@ class MAGRPOConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOptions)
         if self.advantage_mode is not None:
             check_in("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)
         check_positive("reference_kl_coef", self.reference_kl_coef, allow_zero=True)
-        check_positive("rollout_buffer_size", self.rollout_buffer_size)
-        if self.train_batch_size is not None:
-            check_positive("train_batch_size", self.train_batch_size)
-        check_positive("num_train_epochs", self.num_train_epochs)
-        if self.max_steps is not None:
-            check_positive("max_steps", self.max_steps)
+        check_training_loop(self)
         check_positive("save_steps", self.save_steps, allow_zero=True)

@@ -30,12 +30,13 @@ import torch
 from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.metrics import MetricsLogger
 from comlrl_core.policy import Policy
-from comlrl_core.progress import progress, set_postfix
 from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
 from learners.common.reference import frozen_reference
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies
-from learners.common.trainer_utils import TrainerCommon, agent_entries, load_own_checkpoint, planned_items, shuffled_task
+from learners.common.trainer_utils import (
+    TaskItemTraining, TrainerCommon, add_rank_files, agent_entries, load_own_checkpoint, planned_items, rank_file_to_read, shuffled_task,
+)
 from learners.magrpo.advantages import compute_returns
 from learners.magrpo.groups import NodeGroup, groups_from_tree, tree_metrics
 from learners.magrpo.magrpo_config import MAGRPOConfig
@@ -46,7 +47,7 @@ from learners.magrpo.update import update_agent
 _TREE, _RESET, _SHUFFLE, _ORDER, _EVAL = 1, 2, 3, 4, 5
 
 
-class MAGRPOTrainer(TrainerCommon):
+class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
     """``MAGRPOTrainer(config, team, env)`` where ``env`` is a registered id or a factory.
 
     A factory is called with the env keyword arguments (``num_turns``,
@@ -147,32 +148,6 @@ class MAGRPOTrainer(TrainerCommon):
         return shuffled_task(step, self.num_tasks, self.config.shuffle_tasks, self.config.seed, _ORDER)
 
     # -- training -------------------------------------------------------------------
-    def train(self, stop_after: int | None = None) -> dict[str, float]:
-        """Train until ``total_steps`` (or pause after global step ``stop_after``).
-
-        A paused run can be checkpointed and resumed; only a finished run flushes the
-        buffers for good, evaluates a last time, saves a final checkpoint and plots.
-        """
-        c = self.config
-        end = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
-        last: dict[str, float] = {}
-        bar = progress(total=self.total_steps, initial=self.global_step, desc=self.algorithm_name,
-                       disable=None if c.progress_bar is None else not c.progress_bar, unit="task")
-        try:
-            while self.global_step < end:
-                if c.eval_interval and self.global_step % c.eval_interval == 0:
-                    self.evaluate()
-                last = self.train_step()
-                bar.update(1)
-                set_postfix(bar, {k: v for k, v in last.items() if k.endswith("reward_mean")})
-                if c.save_steps and self.global_step % c.save_steps == 0:
-                    self.save_checkpoint()
-        finally:
-            bar.close()
-        if self.global_step >= self.total_steps:
-            self._finish()
-        return last
-
     def train_step(self) -> dict[str, float]:
         """One task item: rollout tree, returns, buffers, updates. Returns its metrics."""
         c, step, dist = self.config, self.global_step, self.distributed
@@ -315,12 +290,8 @@ class MAGRPOTrainer(TrainerCommon):
         }
         buffers = json.dumps([[g.to_dict() for g in buf] for buf in self.buffers]).encode()
         extra = {"buffers.json": buffers}
-        if self.distributed.enabled:  # [distributed] every process calls this; rank 0 writes
-            cursor["world_size"] = self.distributed.world_size
-            rank_buffers = self.distributed.gather_objects(buffers)
-            extra.update({f"buffers_rank{r}.json": b for r, b in enumerate(rank_buffers)})
-            if not self.distributed.is_main:
-                return pathlib.Path(path)
+        if not add_rank_files(self.distributed, cursor, extra, "buffers.json"):  # [distributed] rank 0 writes
+            return pathlib.Path(path)
         return save_checkpoint(
             path,
             policies=agent_entries(self.policies), optimizers=agent_entries(self.optimizers),
@@ -336,11 +307,7 @@ class MAGRPOTrainer(TrainerCommon):
         self.flush_counts = list(cursor["flush_counts"])
         self.update_counts = list(cursor["update_counts"])
         self.skipped_nonfinite = list(cursor["skipped_nonfinite"])
-        world = int(cursor.get("world_size", 1))
-        if world != self.distributed.world_size:  # [distributed] buffers are per process
-            raise ValueError(f"{path} was written by {world} process(es); resume it with {world}, "
-                             f"not {self.distributed.world_size}")
-        name = f"buffers_rank{self.distributed.rank}.json" if self.distributed.enabled else "buffers.json"
+        name = rank_file_to_read(self.distributed, cursor, path, "buffers.json")  # [distributed] per process
         raw = json.loads(read_extra_file(path, name))
         self.buffers = [[NodeGroup.from_dict(g) for g in buf] for buf in raw]
         return path

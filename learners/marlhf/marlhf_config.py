@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from comlrl_core.config import ConfigError, check_in, check_positive, check_range, option
+from learners.common.options import check_training_loop
 from learners.preference.pref_config import PreferenceConfig
 
 MAGRPO_FAMILY = ("magrpo", "mareinforce", "marloo", "maremax")
@@ -60,12 +61,7 @@ class MARLHFConfig(PreferenceConfig):
         check_positive("reward_train_batch_size", self.reward_train_batch_size)
         if self.reward_max_length is not None:
             check_positive("reward_max_length", self.reward_max_length)
-        check_positive("num_train_epochs", self.num_train_epochs)
-        if self.max_steps is not None:
-            check_positive("max_steps", self.max_steps)
-        check_positive("rollout_buffer_size", self.rollout_buffer_size)
-        if self.train_batch_size is not None:
-            check_positive("train_batch_size", self.train_batch_size)
+        check_training_loop(self)
         check_positive("reference_kl_coef", self.reference_kl_coef, allow_zero=True)
         if self.rl_algorithm in MAGRPO_FAMILY and self.num_generations < 2:
             raise ConfigError(f"rl_algorithm={self.rl_algorithm!r} needs num_generations >= 2 (a group baseline), "

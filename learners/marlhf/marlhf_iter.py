@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, Callable, Literal
 
 from comlrl_core.config import option
 from comlrl_core.metrics import MetricsLogger
@@ -23,17 +23,11 @@ from learners.marlhf.reward_env import RewardModelOracle
 from learners.preference.candidates import Oracle
 from learners.preference.iter_config import IterativeOptions
 from learners.preference.iterative import IterativeRounds
-from learners.preference.pairs import PAIR_SELECTIONS
 
 
 @dataclass
 class MARLHFIterConfig(IterativeOptions, MARLHFConfig):
-    allowed_pair_selections: ClassVar[tuple[str, ...]] = PAIR_SELECTIONS
-
     num_train_epochs: int = option(2, help="RL passes over the training tasks, per round")
-    preference_num_candidates: int = option(20, help="responses each agent samples per task item and round")
-    preference_pairs_per_sample: int | None = option(4, help="comparisons kept per task item (None: all)")
-    pair_selection: str = option("comparator_reward", help="comparator_reward | reward_gap | random | all")
     reward_num_train_epochs: int = option(2, help="Bradley-Terry epochs per round")
     preference_scoring_reward: Literal["task", "reward_model"] = option(
         "task", help="what scores candidates: the task reward, or the latest reward model")

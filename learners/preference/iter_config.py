@@ -12,9 +12,10 @@ Names follow CoMLRL's iterative configs. Differences, on purpose:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from comlrl_core.config import BaseConfig, ConfigError, check_in, check_positive, option
+from learners.preference.pairs import PAIR_SELECTIONS
 from learners.preference.replay import check_replay_options
 
 COMPARATOR_POLICIES = ("current", "current_copy", "model", "history", "api")
@@ -23,9 +24,18 @@ API_FORMATS = ("generic", "openai", "anthropic", "openai_responses")
 
 @dataclass
 class IterativeOptions(BaseConfig):
-    """The rounds, replay buffer and comparator options."""
+    """The rounds, replay buffer and comparator options.
+
+    Mixed in BEFORE the base trainer's config, so the iterative defaults of the candidate
+    and pair options below replace the base ones (and ``comparator_reward`` is allowed).
+    """
+
+    allowed_pair_selections: ClassVar[tuple[str, ...]] = PAIR_SELECTIONS
 
     num_iterations: int = option(6, help="rounds of collect -> store -> select replay batch -> train")
+    preference_num_candidates: int = option(20, help="responses each agent samples per task item and round")
+    preference_pairs_per_sample: int | None = option(4, help="comparisons kept per task item (None: all)")
+    pair_selection: str = option("comparator_reward", help="comparator_reward | reward_gap | random | all")
     # -- replay -----------------------------------------------------------------------
     preference_replay_mode: Literal["current", "nearest_k", "all_history", "lambda_decay"] = option(
         "current", help="which stored rounds a round trains on")
