@@ -13,6 +13,7 @@ others is the figure.
     .venv/bin/python bench/magrpo_step.py                       # everything
     .venv/bin/python bench/magrpo_step.py --models tiny --modes full --steps 3
     .venv/bin/python bench/magrpo_step.py --comlrl-python /work/comlrl-venv/bin/python
+    .venv/bin/python bench/magrpo_step.py --models smollm2 --modes full --precisions bf16-mixed
 
 With ``--comlrl-python``, each configuration also runs CoMLRL's ``MAGRPOTrainer``
 (bench/_comlrl_magrpo_worker.py, in that interpreter) at the same settings, and the
@@ -46,7 +47,9 @@ def worker(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()
     lora = spec["mode"] == "lora"
-    team = Team.from_specs([AgentSpec(spec["model"], lora=lora, device="cpu") for _ in range(2)])
+    mixed = "bf16" if spec.get("precision") == "bf16-mixed" else "no"
+    team = Team.from_specs([AgentSpec(spec["model"], lora=lora, device="cpu", mixed_precision=mixed)
+                            for _ in range(2)])
     load_s = time.perf_counter() - t0
     config = MAGRPOConfig(
         num_generations=spec["G"], num_turns=spec["T"], joint_mode="aligned", max_new_tokens=spec["max_new_tokens"],
@@ -100,6 +103,9 @@ def main() -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of: " + ", ".join(MODELS))
     ap.add_argument("--modes", default="full,lora", help="comma list of: full, lora")
+    ap.add_argument("--precisions", default="fp32,bf16-mixed",
+                    help="comma list of: fp32, bf16-mixed (fp32 weights and optimizer, bf16 autocast); "
+                         "CoMLRL always runs fp32")
     ap.add_argument("--env", default="comlrl/CoopCode-v0")
     ap.add_argument("--sandbox", default="process", choices=["process", "docker", "auto"])
     ap.add_argument("--steps", type=int, default=3, help="task items per configuration (first = warm-up)")
@@ -119,6 +125,10 @@ def main() -> int:
         return 0
 
     results = []
+    precisions = args.precisions.split(",")
+    for name in precisions:
+        if name not in ("fp32", "bf16-mixed"):
+            ap.error(f"--precisions: unknown {name!r}; use fp32 and/or bf16-mixed")
     for model_key in args.models.split(","):
         for mode in args.modes.split(","):
             spec = {"model": MODELS[model_key], "mode": mode, "env": args.env, "sandbox": args.sandbox,
@@ -126,16 +136,20 @@ def main() -> int:
                     "rollout_buffer_size": args.rollout_buffer_size, "micro_batch": args.micro_batch,
                     "threads": args.threads}
             label = f"{model_key:8s} {mode:4s}"
-            ours = run_subprocess(sys.executable, os.path.abspath(__file__), spec, args.timeout)
-            print(f"comlrl-gym {label}: {summarize(ours)}", flush=True)
-            row = {"spec": spec, "ours": ours}
-            if args.comlrl_python:
+            row = {"spec": spec, "ours": {}}
+            if args.comlrl_python:  # the baseline first, so a slow run of ours cannot starve it
                 theirs = run_subprocess(args.comlrl_python, os.path.join(HERE, "_comlrl_magrpo_worker.py"),
                                         spec, args.timeout)
-                print(f"CoMLRL     {label}: {summarize(theirs)}", flush=True)
+                print(f"CoMLRL     {label} fp32      : {summarize(theirs)}", flush=True)
                 row["comlrl"] = theirs
+            for precision in precisions:
+                ours = run_subprocess(sys.executable, os.path.abspath(__file__), {**spec, "precision": precision},
+                                      args.timeout)
+                print(f"comlrl-gym {label} {precision:10s}: {summarize(ours)}", flush=True)
+                row["ours"][precision] = ours
+                theirs = row.get("comlrl", {})
                 if "step_mean_s" in ours and "step_mean_s" in theirs:
-                    print(f"  speed-up {theirs['step_mean_s'] / ours['step_mean_s']:.1f}x, memory ratio "
+                    print(f"  speed-up {theirs['step_mean_s'] / ours['step_mean_s']:.2f}x, memory ratio "
                           f"{ours['peak_rss_gib'] / theirs['peak_rss_gib']:.2f} (ours / CoMLRL)", flush=True)
             results.append(row)
     if args.json:

@@ -3,10 +3,11 @@
 Public API::
 
     AgentSpec(model, lora=False, lora_r=8, lora_alpha=16, lora_dropout=0.0,
-              lora_target_modules=None, dtype="fp32", device="auto",
+              lora_target_modules=None, dtype="fp32", mixed_precision="no", device="auto",
               gradient_checkpointing=False, use_chat_template=True,
               system_prompt=None, share_base=True, name=None)
-    AgentSpec.torch_dtype -> torch.dtype ; AgentSpec.resolved_device() -> str
+    AgentSpec.torch_dtype -> torch.dtype ; AgentSpec.base_torch_dtype -> torch.dtype
+    AgentSpec.resolved_device() -> str
     resolve_device(device: str) -> str   ("auto" -> "cuda:0" when CUDA is present, else "cpu")
 
 Re-exported by ``comlrl_core.team``. Validation happens in ``__post_init__``.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+_MIXED = ("no", "bf16")
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
 
@@ -46,6 +48,11 @@ class AgentSpec:
     ``model``: hub id, local folder, .gguf file or alias (see ``comlrl_core.model_source``).
     ``lora``: train a LoRA adapter (the base stays frozen) instead of all weights.
     ``lora_target_modules``: None finds every Linear layer in the decoder blocks.
+    ``dtype``: the weights' dtype. ``mixed_precision="bf16"`` keeps fp32 weights (and so
+    fp32 gradients and optimizer state) but runs forward passes under bf16 autocast:
+    the matrix products run in bf16 (on CPUs with AMX several times faster than fp32,
+    on GPUs the usual choice). With ``lora=True`` the frozen base is then stored in bf16
+    and the adapters stay fp32 (see ``base_torch_dtype``).
     ``share_base``: LoRA agents with the same model, dtype and device share one base copy.
     ``use_chat_template``: wrap prompts in the tokenizer's chat template when it has one.
     """
@@ -57,6 +64,7 @@ class AgentSpec:
     lora_dropout: float = 0.0
     lora_target_modules: list[str] | None = None
     dtype: str = "fp32"
+    mixed_precision: str = "no"
     device: str = "auto"
     gradient_checkpointing: bool = False
     use_chat_template: bool = True
@@ -93,6 +101,16 @@ class AgentSpec:
         if not isinstance(self.dtype, str) or self.dtype.lower() not in _DTYPES:
             raise ValueError(f"AgentSpec.dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         self.dtype = "bf16" if _DTYPES[self.dtype.lower()] == "bfloat16" else "fp32"
+        if not isinstance(self.mixed_precision, str) or self.mixed_precision.lower() not in _MIXED:
+            raise ValueError(
+                f"AgentSpec.mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}"
+            )
+        self.mixed_precision = self.mixed_precision.lower()
+        if self.mixed_precision != "no" and self.dtype != "fp32":
+            raise ValueError(
+                f"AgentSpec.mixed_precision={self.mixed_precision!r} keeps fp32 master weights and "
+                f"needs dtype='fp32', got dtype={self.dtype!r}; use one or the other"
+            )
         if not isinstance(self.device, str):
             self.device = str(self.device)
         if self.device != "auto":
@@ -114,6 +132,17 @@ class AgentSpec:
         import torch
 
         return getattr(torch, _DTYPES[self.dtype])
+
+    @property
+    def base_torch_dtype(self):
+        """The dtype the model weights are loaded in. Under bf16 mixed precision a frozen
+        LoRA base is stored in bf16 (it needs no fp32 master copy, and autocast would
+        re-cast fp32 frozen weights on every pass); trainable weights stay ``torch_dtype``."""
+        import torch
+
+        if self.lora and self.mixed_precision == "bf16":
+            return torch.bfloat16
+        return self.torch_dtype
 
     def resolved_device(self) -> str:
         return resolve_device(self.device)

@@ -26,6 +26,7 @@ own adapter before each forward pass.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Iterator, Sequence
@@ -44,7 +45,7 @@ POLICY_META = "comlrl_policy.json"
 
 def load_base_model(source: ModelSource, spec: AgentSpec) -> nn.Module:
     """Load ``source`` in the spec's dtype onto its device, ready for LoRA or full training."""
-    model = load_causal_lm(source, spec.torch_dtype)
+    model = load_causal_lm(source, spec.base_torch_dtype)
     model.to(spec.resolved_device())
     if spec.gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -101,6 +102,8 @@ class TransformersPolicy(Policy):
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         self._keep_logits = supports_logits_to_keep(model)
+        mixed = spec.mixed_precision if spec is not None else "no"
+        self.autocast_dtype: torch.dtype | None = torch.bfloat16 if mixed == "bf16" else None
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -159,6 +162,12 @@ class TransformersPolicy(Policy):
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def compute_context(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast under ``mixed_precision="bf16"`` (fp32 weights stay), else nothing."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _activate(self) -> None:
         if self.shared_base is not None:
@@ -250,19 +259,22 @@ class TransformersPolicy(Policy):
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
         try:
-            out = sample_tokens(
-                self.model,
-                input_ids,
-                mask,
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                eos_token_ids=self.eos_token_ids,
-                pad_token_id=self.pad_token_id,
-                generator=generator,
-                num_samples=fan_out,
-            )
+            # one autocast region for the whole decode: trainable fp32 weights are cast to
+            # bf16 once (autocast's cast cache), not once per token
+            with self.compute_context():
+                out = sample_tokens(
+                    self.model,
+                    input_ids,
+                    mask,
+                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    top_k=cfg.top_k,
+                    eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    generator=generator,
+                    num_samples=fan_out,
+                )
         finally:
             self.model.train(was_training)
 
@@ -324,13 +336,14 @@ class TransformersPolicy(Policy):
 
         self._activate()
         extra = {"logits_to_keep": width_c + 1} if self._keep_logits else {}
-        outputs = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=padded_position_ids(mask),
-            use_cache=False,
-            **extra,
-        )
+        with self.compute_context():
+            outputs = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=padded_position_ids(mask),
+                use_cache=False,
+                **extra,
+            )
         logits = outputs.logits
         # keep only the logits that predict completion tokens
         logits = logits[:, -(width_c + 1): -1, :] if extra else logits[:, width_p - 1: -1, :]

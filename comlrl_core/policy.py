@@ -15,6 +15,7 @@ and never a pad.
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Literal, Sequence
 
@@ -121,3 +122,9 @@ class Policy(abc.ABC):
     @property
     def device(self) -> "torch.device | str":
         return "cpu"
+
+    def compute_context(self) -> contextlib.AbstractContextManager:
+        """Context every forward pass of this policy runs in (mixed-precision autocast for
+        policies that use it; nothing by default). Learners that call ``policy.model``
+        directly enter it too."""
+        return contextlib.nullcontext()

@@ -14,6 +14,7 @@ Public API::
         -> SampleOutput(tokens [B * num_samples, T], lengths [...], stopped_on_eos [...])
     repeat_cache_rows(cache, repeats) -> cache with every batch row repeated (or None)
     filter_logits(logits, temperature, top_k, top_p) -> logits with filtered entries at -inf
+    sample_next_tokens(logits, temperature, top_k, top_p, generator) -> next token ids [B]
     padded_position_ids(attention_mask) -> position ids that skip left padding
 """
 
@@ -66,6 +67,32 @@ def filter_logits(
     return logits
 
 
+def sample_next_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row of ``logits [B, V]``: greedy at temperature 0, else a draw from
+    the temperature -> top-k -> top-p distribution of :func:`filter_logits`.
+
+    With ``0 < top_k < V`` only the k candidates are sorted, filtered and drawn from (the
+    same distribution as filtering the whole vocabulary, at a fraction of the cost: the
+    full-vocabulary sort and draw dominated small-batch decoding).
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    vocab = logits.shape[-1]
+    if 0 < top_k < vocab:
+        values, candidates = torch.topk(logits, top_k, dim=-1)  # sorted, most likely first
+        probs = filter_logits(values, temperature, 0, top_p).softmax(dim=-1)
+        pick = torch.multinomial(probs, 1, generator=generator)
+        return candidates.gather(-1, pick).squeeze(-1)
+    probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
 def _forward_params(model: torch.nn.Module) -> set[str]:
     """Keyword names the underlying transformers model's forward accepts."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -92,6 +119,66 @@ def _repeatable_layer_types() -> tuple[type, ...]:
 
     names = ("DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer")
     return tuple(getattr(cache_utils, n) for n in names if hasattr(cache_utils, n))
+
+
+def _preallocated_layer_type():
+    """A ``DynamicLayer`` that writes new keys/values into a preallocated buffer.
+
+    ``DynamicLayer`` grows by ``torch.cat``, copying the whole cache at every decoding step
+    (quadratic in the sequence length; a fifth of small-batch decoding time on CPU). This
+    layer reserves room for the tokens still to come once, after the prefill, then writes
+    each step's keys/values in place and hands attention a view of the filled part.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        def reserve(self, extra_tokens: int) -> None:
+            filled = self.keys.shape[-2]
+            shape = list(self.keys.shape)
+            shape[-2] = filled + extra_tokens
+            # Under autocast, attention would cast the whole cache to the compute dtype
+            # at every step (rotary embeddings leave keys in fp32): store it cast once.
+            device_type = self.keys.device.type
+            dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+            self._key_buffer = self.keys.new_empty(shape, dtype=dtype or self.keys.dtype)
+            self._value_buffer = self.values.new_empty(shape, dtype=dtype or self.values.dtype)
+            self._key_buffer[..., :filled, :] = self.keys
+            self._value_buffer[..., :filled, :] = self.values
+            self._filled = filled
+            self.keys = self._key_buffer[..., :filled, :]
+            self.values = self._value_buffer[..., :filled, :]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            new = key_states.shape[-2]
+            end = self._filled + new
+            if end > self._key_buffer.shape[-2]:  # past the reservation: grow like DynamicLayer
+                return super().update(key_states, value_states, *args, **kwargs)
+            self._key_buffer[..., self._filled:end, :] = key_states
+            self._value_buffer[..., self._filled:end, :] = value_states
+            self._filled = end
+            self.keys = self._key_buffer[..., :end, :]
+            self.values = self._value_buffer[..., :end, :]
+            return self.keys, self.values
+
+    return DynamicLayer, PreallocatedLayer
+
+
+def reserve_cache(cache, extra_tokens: int):
+    """Give every plain dynamic layer of ``cache`` room for ``extra_tokens`` more tokens,
+    written in place from then on (see :func:`_preallocated_layer_type`). Caches of other
+    layouts are returned unchanged (they keep growing their own way)."""
+    layers = getattr(cache, "layers", None)
+    if extra_tokens < 1 or not layers:
+        return cache
+    dynamic, preallocated = _preallocated_layer_type()
+    if not all(type(layer) is dynamic and layer.is_initialized for layer in layers):
+        return cache
+    for i, layer in enumerate(layers):
+        grown = preallocated()
+        grown.__dict__.update(layer.__dict__)  # same state; only the update rule changes
+        grown.reserve(extra_tokens)
+        layers[i] = grown
+    return cache
 
 
 def repeat_cache_rows(cache, repeats: int):
@@ -183,11 +270,9 @@ def sample_tokens(
                 logits = outputs.logits[:, -1, :].float()
             else:
                 logits = logits.repeat_interleave(num_samples, dim=0)
-        if temperature == 0:
-            next_ids = logits.argmax(dim=-1)
-        else:
-            probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
-            next_ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if step == 0:
+            cache = reserve_cache(cache, max_new_tokens - 1)
+        next_ids = sample_next_tokens(logits, temperature, top_k, top_p, generator)
         next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
         chosen.append(next_ids)
         lengths += (~finished).long()

@@ -87,7 +87,7 @@ class Team:
             if isinstance(item, AgentSpec):
                 sources[i] = resolve_model_source(item.model)
                 if item.lora and item.share_base:
-                    key = (sources[i].key, item.dtype, item.resolved_device())
+                    key = (sources[i].key, str(item.base_torch_dtype), item.resolved_device())
                     groups.setdefault(key, []).append(i)
         for members in groups.values():
             flags = {items[i].gradient_checkpointing for i in members}

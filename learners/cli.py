@@ -97,7 +97,8 @@ def build_team(config: Any, env_id: str):
         raise ValueError(f"agent_models names {len(models)} models for {count} agents; give one per agent or one for all")
     specs = [
         AgentSpec(model=m, lora=config.lora, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                  lora_dropout=config.lora_dropout, device=config.device or default_device)
+                  lora_dropout=config.lora_dropout, dtype=config.dtype, mixed_precision=config.mixed_precision,
+                  device=config.device or default_device)
         for m in models
     ]
     return Team.from_specs(specs)

@@ -29,6 +29,7 @@ from learners.actor_critic.critics import Critic, ModelCritic
 from learners.actor_critic.episode_buffer import EpisodeBuffer
 from learners.actor_critic.targets import discounted_returns
 from learners.common.episodes import Episode, collect_episodes
+from learners.common.optim import adamw
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies
 from learners.common.trainer_utils import TaskItemTraining, TrainerCommon, agent_entries, load_own_checkpoint, planned_items, shuffled_task
@@ -80,11 +81,11 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
                 raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; "
                                  f"{self.algorithm_name} trains every agent")
             self.actor_optimizers.append(
-                torch.optim.AdamW(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
+                adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
         self.critics = list(critics) if critics is not None else self._build_critics()
         self._check_critics(self.critics)
         self.critic_optimizers = [
-            torch.optim.AdamW(c.trainable_parameters(), lr=config.resolved_critic_learning_rate,
+            adamw(c.trainable_parameters(), lr=config.resolved_critic_learning_rate,
                               weight_decay=config.weight_decay)
             for c in self.critics
         ]

@@ -20,6 +20,7 @@ Inputs are left-padded, so the last column is every row's last real token; with
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 from typing import Any, Iterable, Sequence
 
@@ -78,11 +79,13 @@ def last_token_hidden(backbone: Any, rows: Sequence[Sequence[int]]) -> torch.Ten
     ids, mask = ids.to(device), mask.to(device)
     _activate_adapter(backbone)
     extra = {"logits_to_keep": 1} if supports_logits_to_keep(backbone.model) else {}
-    out = backbone.model(
-        input_ids=ids, attention_mask=mask, position_ids=padded_position_ids(mask),
-        use_cache=False, output_hidden_states=True, **extra,
-    )
-    return out.hidden_states[-1][:, -1, :]
+    compute = getattr(backbone, "compute_context", None)
+    with compute() if callable(compute) else contextlib.nullcontext():  # mixed precision
+        out = backbone.model(
+            input_ids=ids, attention_mask=mask, position_ids=padded_position_ids(mask),
+            use_cache=False, output_hidden_states=True, **extra,
+        )
+    return out.hidden_states[-1][:, -1, :].float()  # the value head stays fp32
 
 
 class Critic(abc.ABC):

@@ -1,12 +1,22 @@
-"""Data-parallel training across processes (MAGRPO and MADPO).
+r"""Data-parallel training across processes (MAGRPO and MADPO).
 
 Launch any training command under a multi-process launcher and the trainers pick it up::
 
-    accelerate launch --multi_gpu --num_processes 4 $(which comlrl) train magrpo --env ... --config ...
-    torchrun --nproc_per_node 2 --no-python comlrl train madpo --env ... --config ...   # CPU (gloo)
+    # N GPUs, one process each (NCCL)
+    accelerate launch --multi_gpu --num_processes N --num_machines 1 --mixed_precision no \
+        --dynamo_backend no -m comlrl_core.cli train magrpo --env ... --config ...
+    # 2 CPU processes (gloo): the same command; --multi_gpu only picks accelerate's
+    # torchrun launcher, and the processes choose gloo because no GPU is present
+    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \
+        --dynamo_backend no -m comlrl_core.cli train madpo --env ... --config ...
+    # or torchrun directly, the same on CPU and GPUs
+    torchrun --nproc_per_node 2 -m comlrl_core.cli train madpo --env ... --config ...
 
-(``accelerate launch --cpu`` starts several CPU processes only through MPI; on CPU use
-``torchrun``, which :class:`DistributedContext` handles the same way.)
+Do not use ``accelerate launch --cpu --num_processes 2``: without an MPI hostfile it
+starts a single process. A default config written by ``accelerate config``
+(``~/.cache/huggingface/accelerate``) fills in every option the command leaves out and
+can break the launch (e.g. ``gpu_ids: '0'``); ``--config_file FILE`` replaces it
+(docs/distributed.md has a complete one).
 
 What data parallelism means here:
 
@@ -66,9 +76,13 @@ class DistributedContext:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from accelerate import PartialState
 
-            # cpu=True makes accelerate choose MULTI_CPU + gloo; without it, a CPU-only
-            # machine gets a process group whose rank bookkeeping accelerate misreports.
-            state = PartialState(cpu=not torch.cuda.is_available())
+            # cpu=True makes accelerate choose MULTI_CPU; without it, a CPU-only machine
+            # gets a process group whose rank bookkeeping accelerate misreports. gloo by
+            # name: on CPU accelerate would pick MPI when torch has it, which needs mpirun.
+            if torch.cuda.is_available():
+                state = PartialState()
+            else:
+                state = PartialState(cpu=True, backend="gloo")
             if dist.is_initialized():
                 return cls(dist.get_rank(), dist.get_world_size())
             return cls(state.process_index, state.num_processes)

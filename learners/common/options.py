@@ -97,6 +97,10 @@ class TeamOptions(BaseConfig):
     lora_r: int = option(8, help="LoRA rank")
     lora_alpha: int = option(16, help="LoRA alpha")
     lora_dropout: float = option(0.0, help="LoRA dropout")
+    dtype: str = option("fp32", help="weights dtype: fp32 or bf16 (bf16 suits a frozen LoRA base)")
+    mixed_precision: str = option(
+        "no", help="bf16: fp32 weights and optimizer state, forward passes under bf16 autocast "
+        "(fast on GPUs and AMX CPUs); with lora the frozen base is stored in bf16")
     device: str | None = option(None, help="device for every agent (None: CUDA when present)")
 
     def validate(self) -> None:
@@ -107,6 +111,14 @@ class TeamOptions(BaseConfig):
             check_positive("num_agents", self.num_agents)
         check_positive("lora_r", self.lora_r)
         check_range("lora_dropout", self.lora_dropout, 0.0, 1.0, high_inclusive=False)
+        if self.dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"option 'dtype' must be 'fp32' or 'bf16', got {self.dtype!r}", "dtype")
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ConfigError(
+                f"option 'mixed_precision' must be 'no' or 'bf16', got {self.mixed_precision!r}", "mixed_precision")
+        if self.mixed_precision != "no" and self.dtype != "fp32":
+            raise ConfigError("option 'mixed_precision' keeps fp32 master weights: set dtype=fp32, "
+                              "or mixed_precision=no to train bf16 weights", "mixed_precision")
 
 
 def check_training_loop(config: Any) -> None:

@@ -6,6 +6,11 @@ to the G rows, cuts the forward and backward work on prompts by a factor G. Grad
 stay exact: they flow from every completion row back through the shared cache into the
 single prompt pass (autograd sums the G branches).
 
+Prompts of different groups often share a beginning too (the task text, before each
+node's own history and feedback). When they do, that common prefix is encoded once for
+all groups of the batch (three passes: common prefix -> each group's rest -> the
+completions), with the same exactness argument.
+
 This works for policies that expose a transformers causal LM as ``policy.model`` (with
 ``pad_token_id``; LoRA agents activate their adapter through ``policy._activate``) and do
 not use gradient checkpointing (which disables the cache). Other policies use their own
@@ -15,6 +20,7 @@ the policy contract grows a grouped scoring call.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
@@ -37,6 +43,31 @@ def _returned_cache(outputs: Any) -> Any:
     return cache if cache is not None else getattr(outputs, "past_key_values", None)
 
 
+def _common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    first = rows[0]
+    n = min(len(r) for r in rows)
+    for i in range(n):
+        token = first[i]
+        if any(r[i] != token for r in rows[1:]):
+            return i
+    return n
+
+
+def _left_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for k, row in enumerate(rows):
+        if len(row):
+            ids[k, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
+            mask[k, width - len(row):] = 1
+    return ids, mask
+
+
+# Below this many common tokens a separate pass costs more than it saves.
+MIN_COMMON_PREFIX = 16
+
+
 def shared_prefix_token_logprobs(
     policy: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[Sequence[int]]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,18 +77,21 @@ def shared_prefix_token_logprobs(
     sizes = {len(c) for c in completion_ids}
     if len(completion_ids) != groups or len(sizes) != 1:
         raise ValueError("shared_prefix_token_logprobs needs one prompt per group and equal group sizes")
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token (use encode_prompt)")
     g = sizes.pop()
     flat = [c for group in completion_ids for c in group]
     rows, width_c = len(flat), max((len(c) for c in flat), default=0)
     device, pad = policy.device, policy.pad_token_id
     if rows == 0 or width_c == 0:
         return torch.zeros(rows, width_c, device=device), torch.zeros(rows, width_c, device=device)
-    width_p = max(len(p) for p in prompt_ids)
-    ids_p = torch.full((groups, width_p), pad, dtype=torch.long)
-    mask_p = torch.zeros((groups, width_p), dtype=torch.long)
-    for k, p in enumerate(prompt_ids):
-        ids_p[k, width_p - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-        mask_p[k, width_p - len(p):] = 1
+    # every group keeps at least one token of its own: its last prompt token predicts
+    # the first completion token
+    common = _common_prefix_length(prompt_ids) if groups > 1 else 0
+    common = min(common, min(len(p) for p in prompt_ids) - 1)
+    if common < MIN_COMMON_PREFIX:
+        common = 0
+    ids_p, mask_p = _left_padded([p[common:] for p in prompt_ids], pad)
     ids_c = torch.full((rows, width_c), pad, dtype=torch.long)
     mask_c = torch.zeros((rows, width_c), dtype=torch.long)
     for r, c in enumerate(flat):
@@ -72,15 +106,27 @@ def shared_prefix_token_logprobs(
     model = policy.model
     cache_kw = cache_kwarg_name(model)
     keep = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
-    out_p = model(input_ids=ids_p, attention_mask=mask_p, position_ids=padded_position_ids(mask_p),
-                  use_cache=True, **keep)
-    first_logits = out_p.logits[:, -1, :].repeat_interleave(g, dim=0)  # predicts completion token 0
-    cache = _returned_cache(out_p)
-    cache.batch_repeat_interleave(g)
-    full_mask = torch.cat([mask_p.repeat_interleave(g, dim=0), mask_c], dim=1)
-    positions = padded_position_ids(full_mask)[:, width_p:]
-    out_c = model(input_ids=ids_c, attention_mask=full_mask, position_ids=positions,
-                  use_cache=True, **{cache_kw: cache})
+    compute = getattr(policy, "compute_context", None)
+    with compute() if callable(compute) else contextlib.nullcontext():  # mixed precision
+        cache = None
+        if common:  # the groups' common beginning, once for all of them
+            shared_ids = torch.as_tensor(list(prompt_ids[0][:common]), dtype=torch.long, device=device)[None]
+            out_0 = model(input_ids=shared_ids, attention_mask=torch.ones_like(shared_ids),
+                          position_ids=torch.arange(common, device=device)[None], use_cache=True, **keep)
+            cache = _returned_cache(out_0)
+            cache.batch_repeat_interleave(groups)
+            mask_p = torch.cat([torch.ones(groups, common, dtype=mask_p.dtype, device=device), mask_p], dim=1)
+        width_rest = ids_p.shape[1]
+        out_p = model(input_ids=ids_p, attention_mask=mask_p,
+                      position_ids=padded_position_ids(mask_p)[:, mask_p.shape[1] - width_rest:],
+                      use_cache=True, **keep, **({cache_kw: cache} if cache is not None else {}))
+        first_logits = out_p.logits[:, -1, :].repeat_interleave(g, dim=0)  # predicts completion token 0
+        cache = _returned_cache(out_p)
+        cache.batch_repeat_interleave(g)
+        full_mask = torch.cat([mask_p.repeat_interleave(g, dim=0), mask_c], dim=1)
+        positions = padded_position_ids(full_mask)[:, mask_p.shape[1]:]
+        out_c = model(input_ids=ids_c, attention_mask=full_mask, position_ids=positions,
+                      use_cache=True, **{cache_kw: cache})
     logits = torch.cat([first_logits.unsqueeze(1), out_c.logits[:, :-1, :]], dim=1).float()
     chosen = logits.gather(-1, ids_c.unsqueeze(-1)).squeeze(-1)
     logprobs = chosen - torch.logsumexp(logits, dim=-1)

@@ -36,6 +36,7 @@ from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkp
 from comlrl_core.metrics import MetricsLogger
 from comlrl_core.progress import progress
 from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
+from learners.common.optim import adamw
 from learners.common.seeding import derive_seed
 from learners.common.trainer_utils import add_rank_files, agent_entries, load_own_checkpoint, rank_file_to_read
 from learners.madpo.madpo_config import MADPOConfig
@@ -60,7 +61,7 @@ class MADPOTrainer(PreferenceTrainerBase):
             params = [p for p in policy.parameters() if p.requires_grad]
             if not params:
                 raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; {self.algorithm_name} trains every agent")
-            self.optimizers.append(torch.optim.AdamW(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
+            self.optimizers.append(adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
         # [distributed] identical replicas: rank 0's trainable weights on every process
         self.distributed.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
         self.pairs: list[PreferencePair] | None = None  # None: not collected yet

@@ -31,6 +31,7 @@ from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkp
 from comlrl_core.metrics import MetricsLogger
 from comlrl_core.policy import Policy
 from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
+from learners.common.optim import adamw
 from learners.common.reference import frozen_reference
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies
@@ -86,7 +87,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             if not params:
                 raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; MAGRPO trains every agent")
             self.optimizers.append(
-                torch.optim.AdamW(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay)
+                adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay)
             )
         # [distributed] identical replicas: rank 0's trainable weights on every process
         self.distributed = DistributedContext.current()

@@ -23,6 +23,7 @@ from torch import nn
 from comlrl_core.model_source import load_causal_lm, load_tokenizer, resolve_model_source
 from comlrl_core.sampling import padded_position_ids
 from comlrl_core.tokens import chunks
+from learners.common.optim import adamw
 from learners.preference.records import PreferencePair
 
 
@@ -123,7 +124,7 @@ class JointRewardModel(nn.Module):
         if not pairs:
             raise ValueError("a reward model needs at least one preference pair to fit")
         params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+        optimizer = adamw(params, lr=learning_rate, weight_decay=weight_decay)
         rng = random.Random(seed)
         self.train()
         steps, epoch_losses = 0, []

@@ -1,12 +1,14 @@
 """Worker for tests/learners/test_distributed.py: trains MAGRPO then MADPO on Writing-v0
 with the tiny model and saves every agent's trainable parameters.
 
-    torchrun --nproc_per_node 2 distributed_worker.py OUT_DIR DATA_FILE
-    python distributed_worker.py OUT_DIR DATA_FILE        (or run_all() in-process)
+    accelerate launch --config_file CFG --multi_gpu --num_processes 2 distributed_worker.py OUT DATA
+    torchrun --nproc_per_node 2 distributed_worker.py OUT DATA
+    python distributed_worker.py OUT DATA        (or run_all() in-process)
 
-Under torchrun each of the 2 processes takes half of the task items (per-process
+Under a launcher each of the 2 processes takes half of the task items (per-process
 budgets are halved); alone, one process takes the whole global batch in each update.
-Both must end with the same parameters.
+Both must end with the same parameters. Each process also records how it was launched
+(the process group's backend, accelerate's view of the job) for the test to check.
 """
 
 from __future__ import annotations
@@ -71,13 +73,28 @@ def run_madpo(out: pathlib.Path, data_file: str, world: int, rank: int) -> dict:
             "local_pairs": len(trainer.pairs or [])}
 
 
+def _launch_info() -> dict:
+    """How this process joined the job: backend, accelerate's state, the launcher's mark."""
+    import torch.distributed as dist
+
+    info = {"backend": None, "accelerate_type": None, "accelerate_world": None,
+            "accelerate_mixed_precision_env": os.environ.get("ACCELERATE_MIXED_PRECISION")}
+    if dist.is_initialized():
+        from accelerate import PartialState
+
+        state = PartialState()  # the state DistributedContext.current() initialised
+        info.update(backend=dist.get_backend(), accelerate_type=str(state.distributed_type.value),
+                    accelerate_world=(state.process_index, state.num_processes))
+    return info
+
+
 def run_all(out: str | os.PathLike, data_file: str) -> None:
     from learners.common.distributed import DistributedContext
 
     ctx = DistributedContext.current()
     out = pathlib.Path(out)
     result = {
-        "world": ctx.world_size, "rank": ctx.rank,
+        "world": ctx.world_size, "rank": ctx.rank, "launch": _launch_info(),
         "magrpo": run_magrpo(out, data_file, ctx.world_size, ctx.rank),
         "madpo": run_madpo(out, data_file, ctx.world_size, ctx.rank),
     }
