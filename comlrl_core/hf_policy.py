@@ -37,6 +37,8 @@ from torch import nn
 from comlrl_core.agent_spec import AgentSpec
 from comlrl_core.lora import SharedLoraBase, enable_gradient_checkpointing
 from comlrl_core.model_source import ModelSource, load_causal_lm, load_tokenizer, resolve_model_source
+from comlrl_core.gqa_attention import use_cpu_gqa_attention
+from comlrl_core.packed_linear import prepacked_linears
 from comlrl_core.policy import Completion, GenerationConfig, Policy
 from comlrl_core.sampling import padded_position_ids, sample_tokens, supports_logits_to_keep
 
@@ -47,6 +49,7 @@ def load_base_model(source: ModelSource, spec: AgentSpec) -> nn.Module:
     """Load ``source`` in the spec's dtype onto its device, ready for LoRA or full training."""
     model = load_causal_lm(source, spec.base_torch_dtype)
     model.to(spec.resolved_device())
+    use_cpu_gqa_attention(model)  # no key/value head copies in masked CPU passes
     if spec.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model
@@ -260,8 +263,9 @@ class TransformersPolicy(Policy):
         self.model.eval()  # no dropout while sampling
         try:
             # one autocast region for the whole decode: trainable fp32 weights are cast to
-            # bf16 once (autocast's cast cache), not once per token
-            with self.compute_context():
+            # bf16 once (autocast's cast cache), not once per token; on CPU the linear
+            # weights are packed once for the GEMM library, not once per token
+            with self.compute_context(), prepacked_linears(self.model, rows=input_ids.shape[0] * fan_out):
                 out = sample_tokens(
                     self.model,
                     input_ids,

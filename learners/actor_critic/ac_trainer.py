@@ -31,7 +31,7 @@ from learners.actor_critic.targets import discounted_returns
 from learners.common.episodes import Episode, collect_episodes
 from learners.common.optim import adamw
 from learners.common.seeding import derive_seed
-from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies
+from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
 from learners.common.trainer_utils import TaskItemTraining, TrainerCommon, agent_entries, load_own_checkpoint, planned_items, shuffled_task
 
 # Seed-path tags: keep the random streams of different purposes apart.
@@ -69,6 +69,7 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         self.config = config
         self.team = team
         self.policies = team_policies(team)
+        tune_host_memory(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = check_team_fits_env(self.policies, self.env)

@@ -77,6 +77,10 @@ class RunOptions(BaseConfig):
     env_kwargs: dict[str, Any] = option({}, help="extra keyword arguments for the environment")
     train_task_slice: str | None = option(None, help="task_slice of the training env, e.g. ':-20'")
     eval_task_slice: str | None = option(None, help="task_slice of the evaluation env, e.g. '-20:'")
+    retain_freed_memory: bool = option(
+        True, help="CPU runs on glibc: keep freed memory in the process heap instead of returning it to the OS, "
+                   "so large tensors do not page-fault again every step (faster updates; resident memory stays "
+                   "near its peak until the process exits)")
 
     def validate(self) -> None:
         super().validate()

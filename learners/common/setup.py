@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from comlrl_core.heap import retain_freed_memory
 from comlrl_core.policy import Policy
 from comlrl_core.registry import make
-
 
 
 def build_env(env: str | Callable[..., Any], **kwargs: Any) -> Any:
@@ -49,3 +49,12 @@ def num_tasks(env: Any) -> int:
     if not isinstance(count, int) or count < 1:
         raise ValueError("the environment must expose num_tasks >= 1 (see comlrl_core.env_api)")
     return count
+
+
+def tune_host_memory(config: Any, policies: Sequence[Policy]) -> bool:
+    """With ``config.retain_freed_memory`` and a policy on the CPU, keep freed memory in
+    the process heap (see :mod:`comlrl_core.heap`); returns whether it is in effect."""
+    if not getattr(config, "retain_freed_memory", False):
+        return False
+    on_cpu = any(getattr(getattr(p, "device", None), "type", "cpu") == "cpu" for p in policies)
+    return on_cpu and retain_freed_memory()

@@ -72,7 +72,14 @@ def shared_prefix_token_logprobs(
     policy: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[Sequence[int]]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs ``[sum G_k, C]`` and mask for ``completion_ids[k]`` (G of them,
-    the same G for every k) given ``prompt_ids[k]``; rows in group order."""
+    the same G for every k) given ``prompt_ids[k]``; rows in group order.
+
+    Two details keep the dense per-vocabulary work to one copy of each: the token
+    embeddings of all passes are looked up in one call (one embedding gradient instead of
+    one per pass), and the last prompt token is fed as the first input of every
+    completion row (so the output head runs once, on the completion rows only, instead of
+    a second time on the prompts' last positions).
+    """
     groups = len(prompt_ids)
     sizes = {len(c) for c in completion_ids}
     if len(completion_ids) != groups or len(sizes) != 1:
@@ -85,20 +92,30 @@ def shared_prefix_token_logprobs(
     device, pad = policy.device, policy.pad_token_id
     if rows == 0 or width_c == 0:
         return torch.zeros(rows, width_c, device=device), torch.zeros(rows, width_c, device=device)
-    # every group keeps at least one token of its own: its last prompt token predicts
-    # the first completion token
+    # shift: the last prompt token opens each completion row (needs prompts of >= 2 tokens,
+    # so that every group keeps a token of its own for the prompt pass)
+    shortest = min(len(p) for p in prompt_ids)
+    shift = shortest >= 2
+    own = 2 if shift else 1
     common = _common_prefix_length(prompt_ids) if groups > 1 else 0
-    common = min(common, min(len(p) for p in prompt_ids) - 1)
+    common = min(common, shortest - own)
     if common < MIN_COMMON_PREFIX:
         common = 0
-    ids_p, mask_p = _left_padded([p[common:] for p in prompt_ids], pad)
-    ids_c = torch.full((rows, width_c), pad, dtype=torch.long)
+    ids_p, mask_p = _left_padded([p[common: len(p) - 1 if shift else len(p)] for p in prompt_ids], pad)
+    targets = torch.full((rows, width_c), pad, dtype=torch.long)
+    inputs_c = torch.full((rows, width_c), pad, dtype=torch.long)
     mask_c = torch.zeros((rows, width_c), dtype=torch.long)
     for r, c in enumerate(flat):
         if c:
-            ids_c[r, : len(c)] = torch.as_tensor(list(c), dtype=torch.long)
+            targets[r, : len(c)] = torch.as_tensor(list(c), dtype=torch.long)
             mask_c[r, : len(c)] = 1
-    ids_p, mask_p, ids_c, mask_c = (t.to(device) for t in (ids_p, mask_p, ids_c, mask_c))
+            if shift:
+                inputs_c[r, 0] = prompt_ids[r // g][-1]
+                inputs_c[r, 1: len(c)] = targets[r, : len(c) - 1]
+    if not shift:
+        inputs_c = targets
+    shared_ids = torch.as_tensor(list(prompt_ids[0][:common]), dtype=torch.long)
+    ids_p, mask_p, inputs_c, targets, mask_c = (t.to(device) for t in (ids_p, mask_p, inputs_c, targets, mask_c))
 
     activate = getattr(policy, "_activate", None)
     if callable(activate):
@@ -108,27 +125,34 @@ def shared_prefix_token_logprobs(
     keep = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
     compute = getattr(policy, "compute_context", None)
     with compute() if callable(compute) else contextlib.nullcontext():  # mixed precision
+        # one embedding lookup for the three passes
+        all_ids = torch.cat([shared_ids.to(device), ids_p.reshape(-1), inputs_c.reshape(-1)])
+        embeds = model.get_input_embeddings()(all_ids)
+        emb_shared, emb_p, emb_c = torch.split(embeds, [common, ids_p.numel(), inputs_c.numel()])
         cache = None
         if common:  # the groups' common beginning, once for all of them
-            shared_ids = torch.as_tensor(list(prompt_ids[0][:common]), dtype=torch.long, device=device)[None]
-            out_0 = model(input_ids=shared_ids, attention_mask=torch.ones_like(shared_ids),
+            out_0 = model(inputs_embeds=emb_shared[None], attention_mask=torch.ones(1, common, dtype=torch.long,
+                                                                                  device=device),
                           position_ids=torch.arange(common, device=device)[None], use_cache=True, **keep)
             cache = _returned_cache(out_0)
             cache.batch_repeat_interleave(groups)
             mask_p = torch.cat([torch.ones(groups, common, dtype=mask_p.dtype, device=device), mask_p], dim=1)
         width_rest = ids_p.shape[1]
-        out_p = model(input_ids=ids_p, attention_mask=mask_p,
+        out_p = model(inputs_embeds=emb_p.reshape(groups, width_rest, -1), attention_mask=mask_p,
                       position_ids=padded_position_ids(mask_p)[:, mask_p.shape[1] - width_rest:],
                       use_cache=True, **keep, **({cache_kw: cache} if cache is not None else {}))
-        first_logits = out_p.logits[:, -1, :].repeat_interleave(g, dim=0)  # predicts completion token 0
         cache = _returned_cache(out_p)
         cache.batch_repeat_interleave(g)
         full_mask = torch.cat([mask_p.repeat_interleave(g, dim=0), mask_c], dim=1)
         positions = padded_position_ids(full_mask)[:, mask_p.shape[1]:]
-        out_c = model(input_ids=ids_c, attention_mask=full_mask, position_ids=positions,
-                      use_cache=True, **{cache_kw: cache})
-    logits = torch.cat([first_logits.unsqueeze(1), out_c.logits[:, :-1, :]], dim=1).float()
-    chosen = logits.gather(-1, ids_c.unsqueeze(-1)).squeeze(-1)
+        out_c = model(inputs_embeds=emb_c.reshape(rows, width_c, -1), attention_mask=full_mask,
+                      position_ids=positions, use_cache=True, **{cache_kw: cache})
+    if shift:
+        logits = out_c.logits.float()
+    else:  # the prompt pass's last position predicts completion token 0
+        first_logits = out_p.logits[:, -1, :].repeat_interleave(g, dim=0)
+        logits = torch.cat([first_logits.unsqueeze(1), out_c.logits[:, :-1, :]], dim=1).float()
+    chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logprobs = chosen - torch.logsumexp(logits, dim=-1)
     mask = mask_c.to(logprobs.dtype)
     return logprobs * mask, mask

@@ -34,7 +34,7 @@ from learners.common.distributed import DistributedContext, NullLogger, trainabl
 from learners.common.optim import adamw
 from learners.common.reference import frozen_reference
 from learners.common.seeding import derive_seed
-from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies
+from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
 from learners.common.trainer_utils import (
     TaskItemTraining, TrainerCommon, add_rank_files, agent_entries, load_own_checkpoint, planned_items, rank_file_to_read, shuffled_task,
 )
@@ -76,6 +76,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         self.advantage_mode = self._resolve_advantage_mode(config.advantage_mode)
         self.team = team
         self.policies = team_policies(team)
+        tune_host_memory(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = check_team_fits_env(self.policies, self.env)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from comlrl_core.metrics import MetricsLogger
 from comlrl_core.policy import Policy
 from learners.common.seeding import derive_seed
-from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies
+from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
 from learners.common.trainer_utils import TrainerCommon
 from learners.preference.build import pairs_within
 from learners.preference.candidates import (
@@ -41,6 +41,7 @@ class PreferenceTrainerBase(TrainerCommon):
         self.config = config
         self.team = team
         self.policies: list[Policy] = team_policies(team)
+        tune_host_memory(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = check_team_fits_env(self.policies, self.env)

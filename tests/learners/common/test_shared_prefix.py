@@ -67,7 +67,8 @@ def test_long_common_prefix_takes_the_three_pass_route(policy, monkeypatch):
 
     @functools.wraps(original)  # keeps the signature the cache-keyword probe reads
     def counting(*args, **kwargs):
-        calls.append(kwargs["input_ids"].shape)
+        ids = kwargs.get("input_ids")
+        calls.append(tuple(ids.shape) if ids is not None else tuple(kwargs["inputs_embeds"].shape[:2]))
         return original(*args, **kwargs)
 
     stem = list(range(10, 10 + shared_prefix.MIN_COMMON_PREFIX + 8))
@@ -77,8 +78,44 @@ def test_long_common_prefix_takes_the_three_pass_route(policy, monkeypatch):
     monkeypatch.setattr(policy.model, "forward", counting)
     (a, _, grads_a), (b, _, grads_b) = _per_row_and_grouped(policy, prompts, comps, weights)
     monkeypatch.undo()
-    # per-row: one pass; grouped: common prefix (1 row), the rests (2 rows), completions (4 rows)
-    assert [tuple(s) for s in calls[1:]] == [(1, len(stem) - 1), (2, 4), (4, 3)]
+    # per-row: one pass; grouped: common prefix (1 row), the rests but their last token
+    # (2 rows), completions opened by that last prompt token (4 rows)
+    assert calls[1:] == [(1, len(stem) - 2), (2, 4), (4, 3)]
+    assert torch.allclose(a, b, atol=1e-5)
+    for ga, gb in zip(grads_a, grads_b):
+        assert torch.allclose(ga, gb, atol=1e-4)
+
+
+def test_one_embedding_lookup_and_one_output_head_pass(policy, monkeypatch):
+    """The dense vocabulary-sized work happens once per call: one embedding lookup (one
+    embedding gradient) and the output head on the completion rows only."""
+    embed_calls, head_rows = [], []
+    embed, head = policy.model.get_input_embeddings(), policy.model.get_output_embeddings()
+    h1 = embed.register_forward_hook(lambda m, a, out: embed_calls.append(out.shape))
+    h2 = head.register_forward_hook(lambda m, a, out: head_rows.append(out.shape))
+    stem = list(range(10, 10 + shared_prefix.MIN_COMMON_PREFIX + 8))
+    prompts = [stem + [40], stem + [50, 51, 52]]
+    comps = [[[5, 6], [7]], [[8, 9, 10], [11]]]
+    try:
+        logp, _ = shared_prefix_token_logprobs(policy, prompts, comps)
+    finally:
+        h1.remove()
+        h2.remove()
+    assert len(embed_calls) == 1
+    # prompt passes keep one position per row (logits_to_keep=1); completions: 4 rows x 3
+    big = [s for s in head_rows if s[-2] > 1]
+    assert big == [torch.Size([4, 3, policy.model.config.vocab_size])]
+    logp.sum().backward()
+    assert policy.model.get_input_embeddings().weight.grad is not None
+    policy.model.zero_grad(set_to_none=True)
+
+
+def test_single_token_prompts_fall_back_to_the_unshifted_route(policy):
+    prompts = [[7], [8, 9, 10]]
+    comps = [[[5, 6], [7]], [[8, 9, 10], [11]]]
+    weights = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    (a, mask_a, grads_a), (b, mask_b, grads_b) = _per_row_and_grouped(policy, prompts, comps, weights)
+    assert torch.equal(mask_a, mask_b)
     assert torch.allclose(a, b, atol=1e-5)
     for ga, gb in zip(grads_a, grads_b):
         assert torch.allclose(ga, gb, atol=1e-4)
