@@ -21,12 +21,11 @@ from __future__ import annotations
 import torch
 
 IMPLEMENTATION = "comlrl_sdpa_gqa"
+_stock_sdpa = None  # transformers' sdpa_attention_forward, bound by _register
 
 
 def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                       **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     groups = getattr(module, "num_key_value_groups", 1)
     q_length = query.shape[2]
     plain = (
@@ -35,7 +34,7 @@ def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         or kwargs.get("output_attentions", False) or torch.jit.is_tracing()
     )
     if plain:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        return _stock_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(is_causal) and attention_mask is None
@@ -49,11 +48,14 @@ def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
 
 def _register() -> bool:
+    global _stock_sdpa
     try:
         from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError:  # transformers without the attention registry
         return False
+    _stock_sdpa = sdpa_attention_forward
     if IMPLEMENTATION not in AttentionInterface._global_mapping:
         AttentionInterface.register(IMPLEMENTATION, _gqa_sdpa_forward)
     if IMPLEMENTATION not in AttentionMaskInterface._global_mapping:

@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 from comlrl_core.agent_spec import AgentSpec
+from comlrl_core.gqa_attention import use_cpu_gqa_attention
 from comlrl_core.lora import SharedLoraBase, enable_gradient_checkpointing
 from comlrl_core.model_source import ModelSource, load_causal_lm, load_tokenizer, resolve_model_source
-from comlrl_core.gqa_attention import use_cpu_gqa_attention
 from comlrl_core.packed_linear import prepacked_linears
 from comlrl_core.policy import Completion, GenerationConfig, Policy
 from comlrl_core.sampling import padded_position_ids, sample_tokens, supports_logits_to_keep

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import torch
+
 from comlrl_core.heap import retain_freed_memory
 from comlrl_core.policy import Policy
 from comlrl_core.registry import make
@@ -56,5 +58,5 @@ def tune_host_memory(config: Any, policies: Sequence[Policy]) -> bool:
     the process heap (see :mod:`comlrl_core.heap`); returns whether it is in effect."""
     if not getattr(config, "retain_freed_memory", False):
         return False
-    on_cpu = any(getattr(getattr(p, "device", None), "type", "cpu") == "cpu" for p in policies)
+    on_cpu = any(torch.device(p.device).type == "cpu" for p in policies)  # device: str or torch.device
     return on_cpu and retain_freed_memory()

@@ -103,7 +103,8 @@ def shared_prefix_token_logprobs(
         common = 0
     ids_p, mask_p = _left_padded([p[common: len(p) - 1 if shift else len(p)] for p in prompt_ids], pad)
     targets = torch.full((rows, width_c), pad, dtype=torch.long)
-    inputs_c = torch.full((rows, width_c), pad, dtype=torch.long)
+    # unshifted, the completion rows are fed their own tokens
+    inputs_c = torch.full((rows, width_c), pad, dtype=torch.long) if shift else targets
     mask_c = torch.zeros((rows, width_c), dtype=torch.long)
     for r, c in enumerate(flat):
         if c:
@@ -112,8 +113,6 @@ def shared_prefix_token_logprobs(
             if shift:
                 inputs_c[r, 0] = prompt_ids[r // g][-1]
                 inputs_c[r, 1: len(c)] = targets[r, : len(c) - 1]
-    if not shift:
-        inputs_c = targets
     shared_ids = torch.as_tensor(list(prompt_ids[0][:common]), dtype=torch.long)
     ids_p, mask_p, inputs_c, targets, mask_c = (t.to(device) for t in (ids_p, mask_p, inputs_c, targets, mask_c))
 

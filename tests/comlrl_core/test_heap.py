@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from learners.common.setup import tune_host_memory
 
@@ -57,3 +58,15 @@ def test_the_option_switches_it_off():
         retain_freed_memory = False
 
     assert tune_host_memory(Config(), []) is False
+
+
+def test_only_cpu_teams_change_the_allocator():
+    class Config:
+        retain_freed_memory = True
+
+    class OnDevice:
+        def __init__(self, device):
+            self.device = device
+
+    # a device given as a string, as Policy.device allows
+    assert tune_host_memory(Config(), [OnDevice("cuda:0"), OnDevice(torch.device("cuda", 1))]) is False
