@@ -1,7 +1,7 @@
 """CoMLRL side of bench/actor_critic_step.py: its IACTrainer / MAACTrainer at the same settings.
 
 Run by the CoMLRL venv's python (``--comlrl-python``) with this repository on PYTHONPATH,
-so both sides load the same weights (``comlrl_core.model_source``) and score with the
+so both sides load the same weights (``comlrl_core.models.model_source``) and score with the
 same environment: CoMLRL's reward function steps a comlrl/Writing-v0 env (one joint
 action per call, as CoMLRL calls it); its later-turn prompts use a plain revise
 transition. Prints ``RESULT {json}`` like the comlrl-gym worker.
@@ -20,7 +20,7 @@ def main(spec: dict) -> dict:
     from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
     from datasets import Dataset
 
-    from comlrl_core.model_source import load_causal_lm, load_tokenizer, resolve_model_source
+    from comlrl_core.models.model_source import load_causal_lm, load_tokenizer, resolve_model_source
     from comlrl_core.registry import make
 
     torch.set_num_threads(spec["threads"])

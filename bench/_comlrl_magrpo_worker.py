@@ -1,7 +1,7 @@
 """CoMLRL side of bench/magrpo_step.py: its MAGRPOTrainer at the same settings.
 
 Run by the CoMLRL venv's python (``--comlrl-python``) with this repository on
-PYTHONPATH, so both sides load the same weights (``comlrl_core.model_source``) and score
+PYTHONPATH, so both sides load the same weights (``comlrl_core.models.model_source``) and score
 with the same environment: CoMLRL's reward function steps a CoopCode env (one joint
 action per call, as CoMLRL calls it) and its turn-2 prompts use a plain revise
 transition. Prints ``RESULT {json}`` like the comlrl-gym worker.
@@ -20,7 +20,7 @@ def main(spec: dict) -> dict:
     from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
     from datasets import Dataset
 
-    from comlrl_core.model_source import load_causal_lm, load_tokenizer, resolve_model_source
+    from comlrl_core.models.model_source import load_causal_lm, load_tokenizer, resolve_model_source
     from comlrl_core.registry import make
 
     torch.set_num_threads(spec["threads"])
@@ -33,7 +33,7 @@ def main(spec: dict) -> dict:
     if spec["mode"] == "lora":
         from peft import LoraConfig, get_peft_model
 
-        from comlrl_core.lora import find_lora_target_modules
+        from comlrl_core.models.lora import find_lora_target_modules
 
         targets = find_lora_target_modules(agents[0])
         agents = [get_peft_model(m, LoraConfig(r=8, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM"))

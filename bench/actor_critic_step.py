@@ -38,8 +38,8 @@ ALGOS = ("iac-head", "iac-separate", "maac")
 def worker(spec: dict) -> dict:
     import torch
 
-    from comlrl_core.agent_spec import AgentSpec
-    from comlrl_core.team import Team
+    from comlrl_core.models.agent_spec import AgentSpec
+    from comlrl_core.models.team import Team
     from learners.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 
     torch.set_num_threads(spec["threads"])

@@ -40,8 +40,8 @@ def worker(spec: dict) -> dict:
     """Run ``spec["steps"]`` MAGRPO steps in this process; return timings and peak RSS."""
     import torch
 
-    from comlrl_core.agent_spec import AgentSpec
-    from comlrl_core.team import Team
+    from comlrl_core.models.agent_spec import AgentSpec
+    from comlrl_core.models.team import Team
     from learners.magrpo import MAGRPOConfig, MAGRPOTrainer
 
     torch.set_num_threads(spec["threads"])

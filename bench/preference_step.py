@@ -3,7 +3,7 @@
     .venv/bin/python bench/preference_step.py --tasks 4 --candidates 8 --max-new-tokens 16 \
         --comlrl-python /work/comlrl-venv/bin/python
 
-Both sides use the tiny random model (``comlrl_core.tiny``), the same Writing-v0 prompts
+Both sides use the tiny random model (``comlrl_core.models.tiny``), the same Writing-v0 prompts
 and the same reward (Writing-v0's ``score_writing``), greedy-free sampling with the same
 settings, and the same number of pairs per update. Figures:
 
@@ -42,9 +42,9 @@ def writing_items(num_tasks: int) -> tuple[list[dict], list[list[str]]]:
 def run_ours(args: argparse.Namespace) -> dict:
     import torch
 
-    from comlrl_core.agent_spec import AgentSpec
-    from comlrl_core.team import Team
-    from comlrl_core.tiny import tiny_model_path
+    from comlrl_core.models.agent_spec import AgentSpec
+    from comlrl_core.models.team import Team
+    from comlrl_core.models.tiny import tiny_model_path
     from learners.madpo import MADPOConfig, MADPOTrainer
     from learners.madpo.madpo_loss import madpo_update
 
@@ -72,7 +72,7 @@ def run_comlrl(args: argparse.Namespace) -> dict:
     import torch
     from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
 
-    from comlrl_core.tiny import tiny_model_path
+    from comlrl_core.models.tiny import tiny_model_path
     from envs.writing.reward import WritingRewardConfig, score_writing
 
     torch.manual_seed(0)

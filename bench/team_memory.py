@@ -36,7 +36,7 @@ def child(model: str, agents: int, shared: bool, work: bool) -> None:
     from transformers import AutoModelForCausalLM  # noqa: F401
 
     from comlrl_core.policy import GenerationConfig
-    from comlrl_core.team import AgentSpec, Team
+    from comlrl_core.models.team import AgentSpec, Team
 
     after_import = _peak_mib()
     specs = [AgentSpec(model, lora=True, lora_r=8, device="cpu", share_base=shared) for _ in range(agents)]

@@ -2,9 +2,9 @@
 
 Learners see agents only through :class:`Policy`. Implementations:
 
-* ``comlrl_core.hf_policy.TransformersPolicy`` -- a transformers causal LM
+* ``comlrl_core.models.hf_policy.TransformersPolicy`` -- a transformers causal LM
   (optionally LoRA through peft), trainable, GPU-ready.
-* ``comlrl_core.simple_policies.CallablePolicy`` / ``RemotePolicy`` -- plain Python
+* ``comlrl_core.models.simple_policies.CallablePolicy`` / ``RemotePolicy`` -- plain Python
   callables or a remote model; generate only (for evaluation and experts).
 
 ``generate`` works on prompts x samples in one call; ``sequence_logprobs`` scores

@@ -7,7 +7,7 @@ Example::
 
 ``--model`` once means every agent plays the same model (loaded once); repeat it to give
 each agent its own (in the env's agent order). Model sources are those of
-``comlrl_core.model_source``: an alias (``tiny-random``, ``smollm2-135m-instruct``), a
+``comlrl_core.models.model_source``: an alias (``tiny-random``, ``smollm2-135m-instruct``), a
 folder with ``config.json``, a ``.gguf`` file or a hub id. The result is printed as a
 Markdown table and, with ``--out``, written as JSON.
 """
@@ -38,7 +38,7 @@ def parse_env_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
 
 def build_team(models: Sequence[str], num_agents: int) -> Any:
     """One policy shared by all agents for a single model, else one per agent."""
-    from comlrl_core.team import Team  # heavy (torch, transformers): only when evaluating
+    from comlrl_core.models.team import Team  # heavy (torch, transformers): only when evaluating
 
     if len(models) not in (1, num_agents):
         raise ValueError(f"give --model once (every agent) or {num_agents} times (one per agent), got {len(models)}")

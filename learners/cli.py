@@ -73,8 +73,8 @@ def build_config(algorithm: str, config_path: str | None, overrides: list[str]):
 
 def build_team(config: Any, env_id: str):
     """One AgentSpec per agent from the config's team options."""
-    from comlrl_core.agent_spec import AgentSpec
-    from comlrl_core.team import Team
+    from comlrl_core.models.agent_spec import AgentSpec
+    from comlrl_core.models.team import Team
     from learners.common.distributed import DistributedContext
 
     # one process per GPU under a launcher: each rank takes its own device

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_core.config import BaseConfig, ConfigError, check_positive, option
+from comlrl_core.config.options import BaseConfig, ConfigError, check_positive, option
 from learners.magrpo.magrpo_config import MAGRPOConfig
 
 
@@ -85,7 +85,7 @@ class MainJobConfig(BaseConfig):
 
 # -- the job -------------------------------------------------------------------------
 def _evaluate(cfg: MainJobConfig, team: Any, label: str) -> dict[str, float]:
-    from comlrl_core.evaluation import evaluate
+    from comlrl_core.episodes.evaluation import evaluate
     from comlrl_core.policy import GenerationConfig
 
     m = cfg.magrpo

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/gen_option_reference.py            # rewrite docs/options.md
     .venv/bin/python scripts/gen_option_reference.py --check    # exit 1 if it is stale
 
-The text comes only from :func:`comlrl_core.config.describe_options` (name, type, default,
+The text comes only from :func:`comlrl_core.config.options.describe_options` (name, type, default,
 help of each field), so the page never drifts from the code: tests/test_docs.py fails
 when the committed page differs from a fresh render.
 """
@@ -52,7 +52,7 @@ def _default(value: object) -> str:
 
 
 def render() -> str:
-    from comlrl_core.config import describe_options
+    from comlrl_core.config.options import describe_options
 
     out = [
         "# Option reference",

@@ -41,7 +41,7 @@ def test_option_reference_is_current():
 
 
 def test_option_reference_lists_every_option():
-    from comlrl_core.config import describe_options
+    from comlrl_core.config.options import describe_options
     from learners.magrpo import MAGRPOConfig
 
     text = (DOCS / "options.md").read_text(encoding="utf-8")

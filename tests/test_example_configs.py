@@ -21,7 +21,7 @@ import pathlib
 import pytest
 import torch
 
-from comlrl_core.metrics import read_metrics
+from comlrl_core.run.metrics import read_metrics
 from learners.cli import learner_classes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -1,8 +1,8 @@
 """The ``expert_edits`` transition: an expert model proposes edits to aux and main.
 
-The expert is either a remote model through :class:`comlrl_core.remote.RemoteModelClient`
+The expert is either a remote model through :class:`comlrl_core.remote.client.RemoteModelClient`
 (any of its formats; ``expert_model`` is a model name on the default OpenAI-compatible
-DeepSeek endpoint, a dict of :class:`~comlrl_core.remote.RemoteModelConfig` fields, or a
+DeepSeek endpoint, a dict of :class:`~comlrl_core.remote.client.RemoteModelConfig` fields, or a
 config), or a local :class:`comlrl_core.policy.Policy` (``expert_policy``). The default is
 ``deepseek-coder`` at ``https://api.deepseek.com`` with the key in ``DEEPSEEK_API_KEY``.
 
@@ -49,7 +49,7 @@ class Expert:
         return self  # shared, never copied
 
     def _remote_config(self):
-        from comlrl_core.remote import RemoteModelConfig  # noqa: PLC0415 -- only when a remote expert is used
+        from comlrl_core.remote.client import RemoteModelConfig  # noqa: PLC0415 -- only when a remote expert is used
 
         spec = self.model_spec
         if isinstance(spec, RemoteModelConfig):
@@ -66,7 +66,7 @@ class Expert:
     def _get_client(self):
         with self._lock:
             if self._client is None:
-                from comlrl_core.remote import RemoteModelClient  # noqa: PLC0415
+                from comlrl_core.remote.client import RemoteModelClient  # noqa: PLC0415
 
                 self._client = RemoteModelClient(self._remote_config())
             return self._client

@@ -20,10 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
 
-from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
-from comlrl_core.metrics import MetricsLogger
+from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
+from comlrl_core.run.metrics import MetricsLogger
 from learners.actor_critic.ac_config import ActorCriticConfig
 from learners.actor_critic.critics import Critic, ModelCritic
 from learners.actor_critic.episode_buffer import EpisodeBuffer

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import nn
 
-from comlrl_core.sampling import padded_position_ids, supports_logits_to_keep
+from comlrl_core.models.sampling import padded_position_ids, supports_logits_to_keep
 
 HEAD_FILE = "value_head.pt"
 
@@ -157,7 +157,7 @@ class ModelCritic(Critic):
     @classmethod
     def from_source(cls, source: str, hidden_dim: int | None = None, **spec_fields: Any) -> "ModelCritic":
         """Load the trunk with ``TransformersPolicy.from_source`` (AgentSpec fields apply)."""
-        from comlrl_core.hf_policy import TransformersPolicy
+        from comlrl_core.models.hf_policy import TransformersPolicy
 
         return cls(TransformersPolicy.from_source(source, **spec_fields), hidden_dim)
 

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from comlrl_core.tokens import masked_sum
+from comlrl_core.models.tokens import masked_sum
 
 
 def actor_loss_terms(

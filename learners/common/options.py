@@ -1,6 +1,6 @@
 """Option groups shared by the learner configs (MAGRPO, actor-critic, preference).
 
-Each group is a :class:`~comlrl_core.config.BaseConfig` dataclass with its own
+Each group is a :class:`~comlrl_core.config.options.BaseConfig` dataclass with its own
 ``validate()`` (which calls ``super().validate()``), so a learner config is built by
 inheriting the groups it reads::
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_core.config import BaseConfig, ConfigError, check_positive, check_range, option
+from comlrl_core.config.options import BaseConfig, ConfigError, check_positive, check_range, option
 
 __all__ = ["GenerationOptions", "OptimizerOptions", "RunOptions", "TeamOptions", "check_training_loop"]
 

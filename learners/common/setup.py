@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from comlrl_core.heap import retain_freed_memory
+from comlrl_core.models.cpu.heap import retain_freed_memory
 from comlrl_core.policy import Policy
 from comlrl_core.registry import make
 
@@ -55,7 +55,7 @@ def num_tasks(env: Any) -> int:
 
 def tune_host_memory(config: Any, policies: Sequence[Policy]) -> bool:
     """With ``config.retain_freed_memory`` and a policy on the CPU, keep freed memory in
-    the process heap (see :mod:`comlrl_core.heap`); returns whether it is in effect."""
+    the process heap (see :mod:`comlrl_core.models.cpu.heap`); returns whether it is in effect."""
     if not getattr(config, "retain_freed_memory", False):
         return False
     on_cpu = any(torch.device(p.device).type == "cpu" for p in policies)  # device: str or torch.device

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from comlrl_core.sampling import cache_kwarg_name, padded_position_ids, supports_logits_to_keep
+from comlrl_core.models.sampling import cache_kwarg_name, padded_position_ids, supports_logits_to_keep
 
 
 def supports_shared_prefix(policy: Any) -> bool:

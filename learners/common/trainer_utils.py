@@ -14,10 +14,10 @@ import pathlib
 import random
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from comlrl_core.checkpoint import latest_checkpoint, load_checkpoint
-from comlrl_core.metrics import plot_metric
+from comlrl_core.run.checkpoint import latest_checkpoint, load_checkpoint
+from comlrl_core.run.metrics import plot_metric
 from comlrl_core.policy import GenerationConfig
-from comlrl_core.progress import progress, set_postfix
+from comlrl_core.run.progress import progress, set_postfix
 from learners.common.evaluation import episode_metrics, run_episodes
 from learners.common.seeding import derive_seed
 from learners.common.setup import num_tasks

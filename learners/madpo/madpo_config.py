@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from comlrl_core.config import check_positive, option
+from comlrl_core.config.options import check_positive, option
 from learners.preference.pref_config import PreferenceConfig
 
 

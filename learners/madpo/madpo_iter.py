@@ -13,8 +13,8 @@ import pathlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from comlrl_core.config import option
-from comlrl_core.metrics import MetricsLogger
+from comlrl_core.config.options import option
+from comlrl_core.run.metrics import MetricsLogger
 from learners.madpo.madpo_config import MADPOConfig
 from learners.madpo.madpo_trainer import MADPOTrainer
 from learners.preference.iter_config import IterativeOptions

@@ -30,11 +30,10 @@ import random
 import time
 from typing import Any, Callable, Sequence
 
-import torch
 
-from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
-from comlrl_core.metrics import MetricsLogger
-from comlrl_core.progress import progress
+from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
+from comlrl_core.run.metrics import MetricsLogger
+from comlrl_core.run.progress import progress
 from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
 from learners.common.optim import adamw
 from learners.common.seeding import derive_seed

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from comlrl_core.tokens import masked_sum
+from comlrl_core.models.tokens import masked_sum
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from comlrl_core.config import ConfigError, check_in, check_positive, check_range, option
+from comlrl_core.config.options import ConfigError, check_in, check_positive, check_range, option
 from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions, check_training_loop
 
 ADVANTAGE_MODES = ("mean", "raw", "rloo", "max")

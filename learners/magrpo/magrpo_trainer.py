@@ -25,10 +25,9 @@ import random
 import time
 from typing import Any, Callable
 
-import torch
 
-from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
-from comlrl_core.metrics import MetricsLogger
+from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
+from comlrl_core.run.metrics import MetricsLogger
 from comlrl_core.policy import Policy
 from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
 from learners.common.optim import adamw

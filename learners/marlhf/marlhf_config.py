@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from comlrl_core.config import ConfigError, check_in, check_positive, check_range, option
+from comlrl_core.config.options import ConfigError, check_in, check_positive, check_range, option
 from learners.common.options import check_training_loop
 from learners.preference.pref_config import PreferenceConfig
 

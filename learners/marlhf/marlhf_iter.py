@@ -15,8 +15,8 @@ import pathlib
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from comlrl_core.config import option
-from comlrl_core.metrics import MetricsLogger
+from comlrl_core.config.options import option
+from comlrl_core.run.metrics import MetricsLogger
 from learners.marlhf.marlhf_config import MARLHFConfig
 from learners.marlhf.marlhf_trainer import MARLHFTrainer
 from learners.marlhf.reward_env import RewardModelOracle

@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 import torch
 
-from comlrl_core.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
-from comlrl_core.config import field_types
-from comlrl_core.metrics import MetricsLogger
+from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
+from comlrl_core.config.options import field_types
+from comlrl_core.run.metrics import MetricsLogger
 from learners.common.seeding import derive_seed
 from learners.common.trainer_utils import agent_entries, load_own_checkpoint
 from learners.marlhf.marlhf_config import MAGRPO_FAMILY, MARLHFConfig

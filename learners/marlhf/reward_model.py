@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comlrl_core.model_source import load_causal_lm, load_tokenizer, resolve_model_source
-from comlrl_core.sampling import padded_position_ids
-from comlrl_core.tokens import chunks
+from comlrl_core.models.model_source import load_causal_lm, load_tokenizer, resolve_model_source
+from comlrl_core.models.sampling import padded_position_ids
+from comlrl_core.models.tokens import chunks
 from learners.common.optim import adamw
 from learners.preference.records import PreferencePair
 

@@ -10,7 +10,7 @@
 * ``history``      -- the policies of ``comparator_history_k`` rounds back, from the policy
   checkpoints the iterative trainer saves after every round (the initial policies until
   such a checkpoint exists). Loaded once per round, not once per task.
-* ``api``          -- a remote model through :mod:`comlrl_core.remote`, format ``generic``,
+* ``api``          -- a remote model through :mod:`comlrl_core.remote.client`, format ``generic``,
   ``openai``, ``anthropic`` or ``openai_responses``.
 
 ``comparator_generation_mode="centralized"``: one comparator (``comparator_centralized_agent_index``)
@@ -112,7 +112,7 @@ def check_devices(devices: Sequence[str] | None, num_agents: int) -> None:
 
 def load_model_policies(sources: Sequence[str], devices: Sequence[str] | None) -> list[Policy]:
     """Frozen comparator policies from model sources (one per agent)."""
-    from comlrl_core.hf_policy import TransformersPolicy
+    from comlrl_core.models.hf_policy import TransformersPolicy
 
     out = []
     for i, src in enumerate(sources):
@@ -126,8 +126,8 @@ def load_model_policies(sources: Sequence[str], devices: Sequence[str] | None) -
 
 def api_policy(config: Any, max_new_tokens: int) -> Policy:
     """A RemotePolicy from the ``comparator_api_*`` options of an iterative config."""
-    from comlrl_core.remote import RemoteModelConfig
-    from comlrl_core.simple_policies import RemotePolicy
+    from comlrl_core.remote.client import RemoteModelConfig
+    from comlrl_core.models.simple_policies import RemotePolicy
 
     remote = RemoteModelConfig(
         format=config.comparator_api_format, model=config.comparator_api_model, base_url=config.comparator_api_url,

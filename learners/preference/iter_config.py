@@ -2,7 +2,7 @@
 
 Names follow CoMLRL's iterative configs. Differences, on purpose:
 
-* The API comparator goes through :mod:`comlrl_core.remote` (retries, bounded concurrency,
+* The API comparator goes through :mod:`comlrl_core.remote.client` (retries, bounded concurrency,
   one request per candidate where the API needs it); the key is read from the variable
   named by ``comparator_api_key_env`` only -- a literal key option does not exist, so
   configs can be logged and saved safely.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from comlrl_core.config import BaseConfig, ConfigError, check_in, check_positive, option
+from comlrl_core.config.options import BaseConfig, ConfigError, check_in, check_positive, option
 from learners.preference.pairs import PAIR_SELECTIONS
 from learners.preference.replay import check_replay_options
 

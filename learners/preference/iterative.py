@@ -25,7 +25,7 @@ import random
 import time
 from typing import Any
 
-from comlrl_core.checkpoint import load_checkpoint, read_extra_file, save_checkpoint
+from comlrl_core.run.checkpoint import load_checkpoint, read_extra_file, save_checkpoint
 from learners.common.seeding import derive_seed
 from learners.preference.build import pairs_against
 from learners.preference.candidates import Oracle, TaskCandidates, close_tasks, score_tasks

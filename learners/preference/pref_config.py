@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from comlrl_core.config import ConfigError, check_in, check_positive, option
+from comlrl_core.config.options import ConfigError, check_in, check_positive, option
 from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions
 from learners.preference.pairs import BASE_PAIR_SELECTIONS
 

@@ -12,7 +12,7 @@ import random
 import time
 from typing import Any, Callable, Sequence
 
-from comlrl_core.metrics import MetricsLogger
+from comlrl_core.run.metrics import MetricsLogger
 from comlrl_core.policy import Policy
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory

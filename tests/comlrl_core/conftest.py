@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from comlrl_core.tiny import tiny_model_path
+from comlrl_core.models.tiny import tiny_model_path
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +16,6 @@ def tiny_path() -> str:
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_path):
     """A full-weight tiny policy on CPU. Read-only: tests that train build their own."""
-    from comlrl_core.hf_policy import TransformersPolicy
+    from comlrl_core.models.hf_policy import TransformersPolicy
 
     return TransformersPolicy.from_source(tiny_path, device="cpu")

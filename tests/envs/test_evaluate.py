@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import envs
 from comlrl_core.policy import Completion, Policy
 from envs.evaluate import as_policies, pass_at_k
-from envs.writing import EXPANDER, SUMMARIZER, WritingRewardConfig, score_writing
+from envs.writing import WritingRewardConfig, score_writing
 from envs.writing.passages import load_passages
 
 

@@ -26,8 +26,8 @@ PREF_BATCH = 8  # MADPO: pairs per update over all processes (>= every pair of t
 
 
 def _team(lora: bool, init_seed: int):
-    from comlrl_core.agent_spec import AgentSpec
-    from comlrl_core.team import Team
+    from comlrl_core.models.agent_spec import AgentSpec
+    from comlrl_core.models.team import Team
 
     torch.manual_seed(init_seed)  # LoRA adapters start random
     return Team.from_specs([AgentSpec("tiny-random", device="cpu", lora=lora) for _ in range(2)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from comlrl_core.cli import main as cli_main
-from comlrl_core.metrics import read_metrics
+from comlrl_core.run.metrics import read_metrics
 
 
 def test_main_job_writes_the_run_folder(tmp_path):

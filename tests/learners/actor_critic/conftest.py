@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comlrl_core.agent_spec import AgentSpec
-from comlrl_core.team import Team
+from comlrl_core.models.agent_spec import AgentSpec
+from comlrl_core.models.team import Team
 
 ENV = "comlrl/Writing-v0"
 AGENTS = ("summarizer", "expander")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from comlrl_core.config import ConfigError
+from comlrl_core.config.options import ConfigError
 from learners.actor_critic import IACConfig, MAACConfig
 
 

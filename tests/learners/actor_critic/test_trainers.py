@@ -182,8 +182,8 @@ def _weights(trainer) -> list[torch.Tensor]:
 
 def test_resume_equals_uninterrupted(tmp_path):
     from .conftest import AGENTS
-    from comlrl_core.agent_spec import AgentSpec
-    from comlrl_core.team import Team
+    from comlrl_core.models.agent_spec import AgentSpec
+    from comlrl_core.models.team import Team
 
     def fresh(run: str) -> IACTrainer:
         torch.manual_seed(0)

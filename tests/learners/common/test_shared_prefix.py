@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from comlrl_core.hf_policy import TransformersPolicy
+from comlrl_core.models.hf_policy import TransformersPolicy
 from learners.common import shared_prefix
 from learners.common.shared_prefix import shared_prefix_token_logprobs
 

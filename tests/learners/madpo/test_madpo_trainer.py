@@ -9,7 +9,7 @@ import pytest
 import torch
 from magrpo_fakes import BigramPolicy, CountingEnv, FakeTeam
 
-from comlrl_core.config import ConfigError
+from comlrl_core.config.options import ConfigError
 from learners.madpo import MADPOConfig, MADPOTrainer
 from learners.preference.candidates import reset_tasks, sample_candidates, score_tasks
 
@@ -76,9 +76,9 @@ def test_pairs_metrics_and_resume(tmp_path):
 def test_madpo_raises_the_win_rate_on_writing(tmp_path):
     """DPO on the writing env's own preferences: fresh samples of the trained team beat the
     initial team's (same tasks, same seeds) more often than they lose, and score higher."""
-    from comlrl_core.agent_spec import AgentSpec
-    from comlrl_core.team import Team
-    from comlrl_core.tiny import tiny_model_path
+    from comlrl_core.models.agent_spec import AgentSpec
+    from comlrl_core.models.team import Team
+    from comlrl_core.models.tiny import tiny_model_path
 
     torch.manual_seed(0)
     team = Team.from_specs([AgentSpec(tiny_model_path(), device="cpu", use_chat_template=False)] * 2)

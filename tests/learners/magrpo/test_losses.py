@@ -6,7 +6,7 @@ import pytest
 import torch
 from magrpo_fakes import BigramPolicy
 
-from comlrl_core.tokens import k3_kl, masked_sum, pad_sequences, truncate_after_eos
+from comlrl_core.models.tokens import k3_kl, masked_sum, pad_sequences, truncate_after_eos
 from learners.common.logprobs import accumulate_gradients, sequence_logprobs_nograd
 from learners.magrpo.losses import NonFiniteLossError, check_finite, group_pg_loss, sequence_pg_loss
 
@@ -89,7 +89,7 @@ def test_nonfinite_loss_names_step_and_agent():
 
 
 def test_shared_prefix_scoring_equals_per_row_scoring():
-    from comlrl_core.hf_policy import TransformersPolicy
+    from comlrl_core.models.hf_policy import TransformersPolicy
     from learners.common.shared_prefix import shared_prefix_token_logprobs, supports_shared_prefix
 
     torch.manual_seed(0)

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from comlrl_core.agent_spec import AgentSpec
+from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.cli import main as comlrl_main
-from comlrl_core.team import Team
+from comlrl_core.models.team import Team
 from learners.magrpo import MAGRPOConfig, MAGRPOTrainer
 
 PASSAGES = [

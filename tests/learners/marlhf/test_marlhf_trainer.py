@@ -6,7 +6,7 @@ import pytest
 import torch
 from preference_fakes import FakeTeam, TextBigram, a_fraction, env_factory
 
-from comlrl_core.config import ConfigError
+from comlrl_core.config.options import ConfigError
 from learners.marlhf import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
 
 

@@ -10,9 +10,9 @@ import torch
 from fake_llm_server import FakeLLMServer
 from preference_fakes import FakeTeam, TextBigram, a_fraction, env_factory
 
-from comlrl_core.config import ConfigError
+from comlrl_core.config.options import ConfigError
 from comlrl_core.policy import GenerationConfig
-from comlrl_core.simple_policies import CallablePolicy
+from comlrl_core.models.simple_policies import CallablePolicy
 from learners.madpo import MADPOIterConfig, MADPOIterTrainer
 from learners.preference.candidates import TaskCandidates
 from learners.preference.comparators import Comparator, centralized_prompt, parse_centralized

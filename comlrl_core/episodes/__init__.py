@@ -1,0 +1,1 @@
+"""Playing episodes of a registered environment with a team (evaluation)."""
