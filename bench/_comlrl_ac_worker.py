@@ -47,24 +47,46 @@ def main(spec: dict) -> dict:
         _obs, rewards, *_ = env.step({names[0]: c0[0], names[1]: c1[0]})
         return [float(rewards[names[0]])]
 
-    def transition(prompt, agent_completions, num_agents, prompt_history_per_agent=None,
-                   response_history_per_agent=None):
-        return [f"{prompt_history_per_agent[a][0]}\n\nYour previous answer:\n{agent_completions[a]}\n\n"
-                f"Your teammate's answer:\n{agent_completions[1 - a]}\n\nRevise your answer."
-                for a in range(num_agents)]
+    def transition(
+        prompt, agent_completions, num_agents, prompt_history_per_agent=None, response_history_per_agent=None
+    ):
+        return [
+            f"{prompt_history_per_agent[a][0]}\n\nYour previous answer:\n{agent_completions[a]}\n\n"
+            f"Your teammate's answer:\n{agent_completions[1 - a]}\n\nRevise your answer."
+            for a in range(num_agents)
+        ]
 
-    common = dict(agent_learning_rate=5e-6, critic_learning_rate=5e-6, rollout_buffer_size=spec["rollout_buffer_size"],
-                  max_new_tokens=spec["max_new_tokens"], temperature=0.6, top_p=0.6, num_train_epochs=1,
-                  num_agents=2, num_generations=1, num_turns=spec["T"], discount=0.9, critic_type="v",
-                  early_termination_threshold=None, eval_interval=0)
-    kwargs = dict(agents=agents, tokenizer=tokenizer, reward_func=reward_func, train_dataset=Dataset.from_list(items),
-                  formatters=[lambda x: x["p0"], lambda x: x["p1"]], external_transition=transition)
+    common = dict(
+        agent_learning_rate=5e-6,
+        critic_learning_rate=5e-6,
+        rollout_buffer_size=spec["rollout_buffer_size"],
+        max_new_tokens=spec["max_new_tokens"],
+        temperature=0.6,
+        top_p=0.6,
+        num_train_epochs=1,
+        num_agents=2,
+        num_generations=1,
+        num_turns=spec["T"],
+        discount=0.9,
+        critic_type="v",
+        early_termination_threshold=None,
+        eval_interval=0,
+    )
+    kwargs = dict(
+        agents=agents,
+        tokenizer=tokenizer,
+        reward_func=reward_func,
+        train_dataset=Dataset.from_list(items),
+        formatters=[lambda x: x["p0"], lambda x: x["p1"]],
+        external_transition=transition,
+    )
     if algo == "maac":
         trainer = MAACTrainer(critic_model=critics[0], args=MAACConfig(**common), **kwargs)
     else:
         separate = algo == "iac-separate"
-        trainer = IACTrainer(args=IACConfig(use_separate_critic=separate, **common),
-                             critics=critics if separate else None, **kwargs)
+        trainer = IACTrainer(
+            args=IACConfig(use_separate_critic=separate, **common), critics=critics if separate else None, **kwargs
+        )
     trainer.verbose = False
     step_times: list[float] = []
     original = trainer._run_batch

@@ -36,8 +36,10 @@ def main(spec: dict) -> dict:
         from comlrl_core.models.lora import find_lora_target_modules
 
         targets = find_lora_target_modules(agents[0])
-        agents = [get_peft_model(m, LoraConfig(r=8, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM"))
-                  for m in agents]
+        agents = [
+            get_peft_model(m, LoraConfig(r=8, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM"))
+            for m in agents
+        ]
     load_s = time.perf_counter() - t0
 
     env = make(spec["env"], sandbox_backend=spec["sandbox"], task_slice="0:20", num_turns=1)
@@ -53,26 +55,46 @@ def main(spec: dict) -> dict:
         _obs, rewards, *_ = env.step({names[0]: c0[0], names[1]: c1[0]})
         return [float(rewards[names[0]])]
 
-    def transition(prompt, agent_completions, num_agents, prompt_history_per_agent=None,
-                   response_history_per_agent=None):
+    def transition(
+        prompt, agent_completions, num_agents, prompt_history_per_agent=None, response_history_per_agent=None
+    ):
         out = []
         for a in range(num_agents):
             mine, other = agent_completions[a], agent_completions[1 - a]
-            out.append(f"{prompt_history_per_agent[a][0]}\n\nYour previous answer:\n{mine}\n\n"
-                       f"Your teammate's answer:\n{other}\n\nRevise your answer.")
+            out.append(
+                f"{prompt_history_per_agent[a][0]}\n\nYour previous answer:\n{mine}\n\n"
+                f"Your teammate's answer:\n{other}\n\nRevise your answer."
+            )
         return out
 
     lora = spec["mode"] == "lora"
     args = MAGRPOConfig(
-        num_train_epochs=1, agent_learning_rate=1e-4 if lora else 5e-6, num_agents=2, agent_devices="cpu",
-        num_generations=spec["G"], max_new_tokens=spec["max_new_tokens"], temperature=0.6, top_p=0.6, top_k=50,
-        num_turns=spec["T"], discount=1.0, joint_mode="aligned", early_termination_threshold=None,
-        eval_interval=0, rollout_buffer_size=spec["rollout_buffer_size"], advantage_normalization=False,
+        num_train_epochs=1,
+        agent_learning_rate=1e-4 if lora else 5e-6,
+        num_agents=2,
+        agent_devices="cpu",
+        num_generations=spec["G"],
+        max_new_tokens=spec["max_new_tokens"],
+        temperature=0.6,
+        top_p=0.6,
+        top_k=50,
+        num_turns=spec["T"],
+        discount=1.0,
+        joint_mode="aligned",
+        early_termination_threshold=None,
+        eval_interval=0,
+        rollout_buffer_size=spec["rollout_buffer_size"],
+        advantage_normalization=False,
     )
     trainer = MAGRPOTrainer(
-        agents=agents, num_agents=2, tokenizer=tokenizer, train_dataset=Dataset.from_list(items),
-        reward_func=reward_func, formatters=[lambda x: x["p0"], lambda x: x["p1"]],
-        external_transition=transition, args=args,
+        agents=agents,
+        num_agents=2,
+        tokenizer=tokenizer,
+        train_dataset=Dataset.from_list(items),
+        reward_func=reward_func,
+        formatters=[lambda x: x["p0"], lambda x: x["p1"]],
+        external_transition=transition,
+        args=args,
     )
     trainer.verbose = False
     step_times: list[float] = []

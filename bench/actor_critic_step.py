@@ -45,16 +45,31 @@ def worker(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()
     team = Team.from_specs([AgentSpec(model=spec["model"], device="cpu") for _ in range(2)])
-    common = dict(agent_learning_rate=5e-6, critic_learning_rate=5e-6, rollout_buffer_size=spec["rollout_buffer_size"],
-                  max_new_tokens=spec["max_new_tokens"], temperature=0.6, top_p=0.6, num_train_epochs=1,
-                  num_generations=1, num_turns=spec["T"], discount=0.9, critic_type="v", eval_interval=0,
-                  max_steps=spec["steps"], output_dir=tempfile.mkdtemp(prefix="ac-bench-"), device="cpu",
-                  logprob_micro_batch_size=spec["micro_batch"], progress_bar=False)
+    common = dict(
+        agent_learning_rate=5e-6,
+        critic_learning_rate=5e-6,
+        rollout_buffer_size=spec["rollout_buffer_size"],
+        max_new_tokens=spec["max_new_tokens"],
+        temperature=0.6,
+        top_p=0.6,
+        num_train_epochs=1,
+        num_generations=1,
+        num_turns=spec["T"],
+        discount=0.9,
+        critic_type="v",
+        eval_interval=0,
+        max_steps=spec["steps"],
+        output_dir=tempfile.mkdtemp(prefix="ac-bench-"),
+        device="cpu",
+        logprob_micro_batch_size=spec["micro_batch"],
+        progress_bar=False,
+    )
     if spec["algo"] == "maac":
         trainer = MAACTrainer(MAACConfig(**common), team, "comlrl/Writing-v0")
     else:
-        trainer = IACTrainer(IACConfig(use_separate_critic=spec["algo"] == "iac-separate", **common),
-                             team, "comlrl/Writing-v0")
+        trainer = IACTrainer(
+            IACConfig(use_separate_critic=spec["algo"] == "iac-separate", **common), team, "comlrl/Writing-v0"
+        )
     load_s = time.perf_counter() - t0
     steps = []
     for _ in range(spec["steps"]):
@@ -62,7 +77,9 @@ def worker(spec: dict) -> dict:
         steps.append((m["time/step_s"], m["time/rollout_s"], m["time/update_s"]))
     return {
         "load_s": load_s,
-        "step_s": [s[0] for s in steps], "rollout_s": [s[1] for s in steps], "update_s": [s[2] for s in steps],
+        "step_s": [s[0] for s in steps],
+        "rollout_s": [s[1] for s in steps],
+        "update_s": [s[2] for s in steps],
         "update_rounds": trainer.update_rounds,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
@@ -77,7 +94,7 @@ def run_subprocess(python: str, script: str, spec: dict, timeout: float) -> dict
         return {"error": f"timed out after {timeout:.0f} s"}
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     return {"error": (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]}
 
 
@@ -85,11 +102,15 @@ def summarize(result: dict) -> str:
     if "error" in result:
         return f"not measured: {result['error']}"
     timed = result["step_s"][1:] or result["step_s"]
-    text = (f"step {statistics.mean(timed):7.2f} s (median {statistics.median(timed):.2f}, {len(timed)} timed)"
-            f"  peak RSS {result['peak_rss_gib']:.2f} GiB  load {result['load_s']:.1f} s")
+    text = (
+        f"step {statistics.mean(timed):7.2f} s (median {statistics.median(timed):.2f}, {len(timed)} timed)"
+        f"  peak RSS {result['peak_rss_gib']:.2f} GiB  load {result['load_s']:.1f} s"
+    )
     if "rollout_s" in result:
-        text += (f"  [rollout {statistics.mean(result['rollout_s'][1:] or result['rollout_s']):.2f} s,"
-                 f" update {statistics.mean(result['update_s'][1:] or result['update_s']):.2f} s]")
+        text += (
+            f"  [rollout {statistics.mean(result['rollout_s'][1:] or result['rollout_s']):.2f} s,"
+            f" update {statistics.mean(result['update_s'][1:] or result['update_s']):.2f} s]"
+        )
     return text
 
 
@@ -115,9 +136,16 @@ def main() -> int:
     for algo in [a.strip() for a in args.algos.split(",") if a.strip()]:
         if algo not in ALGOS:
             ap.error(f"unknown algo {algo!r}; choose from {', '.join(ALGOS)}")
-        spec = {"algo": algo, "model": args.model, "steps": args.steps, "T": args.T,
-                "max_new_tokens": args.max_new_tokens, "rollout_buffer_size": args.rollout_buffer_size,
-                "micro_batch": args.micro_batch, "threads": args.threads}
+        spec = {
+            "algo": algo,
+            "model": args.model,
+            "steps": args.steps,
+            "T": args.T,
+            "max_new_tokens": args.max_new_tokens,
+            "rollout_buffer_size": args.rollout_buffer_size,
+            "micro_batch": args.micro_batch,
+            "threads": args.threads,
+        }
         ours = run_subprocess(sys.executable, os.path.abspath(__file__), spec, args.timeout)
         print(f"{algo:13s} comlrl-gym  {summarize(ours)}", flush=True)
         row = {"spec": spec, "comlrl_gym": ours}

@@ -77,9 +77,11 @@ def measure(backend: str, rounds: int, pool_size: int) -> None:
     tasks = load_tasks("humaneval")[:NUM_JOINT_ACTIONS]
     acts = joint_actions(tasks)
     box = sandbox.Sandbox(backend=backend, pool_size=pool_size)
-    env = CoopCodeEnv(dataset="humaneval", sandbox=box, num_turns=2, external_transition="level_feedback",
-                      sandbox_slice=1)
+    env = CoopCodeEnv(
+        dataset="humaneval", sandbox=box, num_turns=2, external_transition="level_feedback", sandbox_slice=1
+    )
     try:
+
         def fresh():
             clones = []
             for i in range(NUM_JOINT_ACTIONS):
@@ -103,11 +105,13 @@ def measure(backend: str, rounds: int, pool_size: int) -> None:
             clone.step(a)
         one_by_one = time.perf_counter() - start
         best = min(batched)
-        print(f"[{backend}] pool_size={pool_size}: step_many {NUM_JOINT_ACTIONS} joint actions: "
-              f"{NUM_JOINT_ACTIONS / best:.1f} joint steps/s (best of {rounds}: {best:.2f} s; "
-              f"mean {sum(batched) / len(batched):.2f} s); one step() at a time: "
-              f"{NUM_JOINT_ACTIONS / one_by_one:.1f} joint steps/s; "
-              f"passed {passed}/{NUM_JOINT_ACTIONS}, mean reward {sum(rewards) / len(rewards):.2f}")
+        print(
+            f"[{backend}] pool_size={pool_size}: step_many {NUM_JOINT_ACTIONS} joint actions: "
+            f"{NUM_JOINT_ACTIONS / best:.1f} joint steps/s (best of {rounds}: {best:.2f} s; "
+            f"mean {sum(batched) / len(batched):.2f} s); one step() at a time: "
+            f"{NUM_JOINT_ACTIONS / one_by_one:.1f} joint steps/s; "
+            f"passed {passed}/{NUM_JOINT_ACTIONS}, mean reward {sum(rewards) / len(rewards):.2f}"
+        )
     finally:
         env.close()
         box.close()

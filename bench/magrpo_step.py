@@ -48,16 +48,26 @@ def worker(spec: dict) -> dict:
     t0 = time.perf_counter()
     lora = spec["mode"] == "lora"
     mixed = "bf16" if spec.get("precision") == "bf16-mixed" else "no"
-    team = Team.from_specs([AgentSpec(spec["model"], lora=lora, device="cpu", mixed_precision=mixed)
-                            for _ in range(2)])
+    team = Team.from_specs([AgentSpec(spec["model"], lora=lora, device="cpu", mixed_precision=mixed) for _ in range(2)])
     load_s = time.perf_counter() - t0
     config = MAGRPOConfig(
-        num_generations=spec["G"], num_turns=spec["T"], joint_mode="aligned", max_new_tokens=spec["max_new_tokens"],
-        temperature=0.6, top_p=0.6, top_k=50, max_steps=spec["steps"], eval_interval=0,
-        agent_learning_rate=1e-4 if lora else 5e-6, rollout_buffer_size=spec["rollout_buffer_size"],
-        logprob_micro_batch_size=spec["micro_batch"], output_dir=tempfile.mkdtemp(prefix="magrpo-bench-"),
-        progress_bar=False, save_final_checkpoint=False,
-        train_task_slice="0:20", env_kwargs={"sandbox_backend": spec["sandbox"]},
+        num_generations=spec["G"],
+        num_turns=spec["T"],
+        joint_mode="aligned",
+        max_new_tokens=spec["max_new_tokens"],
+        temperature=0.6,
+        top_p=0.6,
+        top_k=50,
+        max_steps=spec["steps"],
+        eval_interval=0,
+        agent_learning_rate=1e-4 if lora else 5e-6,
+        rollout_buffer_size=spec["rollout_buffer_size"],
+        logprob_micro_batch_size=spec["micro_batch"],
+        output_dir=tempfile.mkdtemp(prefix="magrpo-bench-"),
+        progress_bar=False,
+        save_final_checkpoint=False,
+        train_task_slice="0:20",
+        env_kwargs={"sandbox_backend": spec["sandbox"]},
     )
     trainer = MAGRPOTrainer(config, team, spec["env"])
     trainer.train()
@@ -82,7 +92,7 @@ def run_subprocess(python: str, script: str, spec: dict, timeout: float) -> dict
         return {"error": f"timed out after {timeout:.0f} s"}
     for line in reversed(out.stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     return {"error": (out.stderr or out.stdout)[-2000:]}
 
 
@@ -93,9 +103,11 @@ def summarize(result: dict) -> str:
     rest = steps[1:] or steps
     mean = sum(rest) / len(rest)
     result["step_mean_s"] = mean
-    return (f"step {mean:7.2f} s (first {steps[0]:.2f} s, n={len(steps)}; rollout "
-            f"{sum(result['rollout_s'][1:] or result['rollout_s']) / len(rest):.2f} s) "
-            f"peak RSS {result['peak_rss_gib']:.2f} GiB")
+    return (
+        f"step {mean:7.2f} s (first {steps[0]:.2f} s, n={len(steps)}; rollout "
+        f"{sum(result['rollout_s'][1:] or result['rollout_s']) / len(rest):.2f} s) "
+        f"peak RSS {result['peak_rss_gib']:.2f} GiB"
+    )
 
 
 def main() -> int:
@@ -103,9 +115,11 @@ def main() -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of: " + ", ".join(MODELS))
     ap.add_argument("--modes", default="full,lora", help="comma list of: full, lora")
-    ap.add_argument("--precisions", default="fp32,bf16-mixed",
-                    help="comma list of: fp32, bf16-mixed (fp32 weights and optimizer, bf16 autocast); "
-                         "CoMLRL always runs fp32")
+    ap.add_argument(
+        "--precisions",
+        default="fp32,bf16-mixed",
+        help="comma list of: fp32, bf16-mixed (fp32 weights and optimizer, bf16 autocast); CoMLRL always runs fp32",
+    )
     ap.add_argument("--env", default="comlrl/CoopCode-v0")
     ap.add_argument("--sandbox", default="process", choices=["process", "docker", "auto"])
     ap.add_argument("--steps", type=int, default=3, help="task items per configuration (first = warm-up)")
@@ -131,26 +145,40 @@ def main() -> int:
             ap.error(f"--precisions: unknown {name!r}; use fp32 and/or bf16-mixed")
     for model_key in args.models.split(","):
         for mode in args.modes.split(","):
-            spec = {"model": MODELS[model_key], "mode": mode, "env": args.env, "sandbox": args.sandbox,
-                    "steps": args.steps, "G": args.G, "T": args.T, "max_new_tokens": args.max_new_tokens,
-                    "rollout_buffer_size": args.rollout_buffer_size, "micro_batch": args.micro_batch,
-                    "threads": args.threads}
+            spec = {
+                "model": MODELS[model_key],
+                "mode": mode,
+                "env": args.env,
+                "sandbox": args.sandbox,
+                "steps": args.steps,
+                "G": args.G,
+                "T": args.T,
+                "max_new_tokens": args.max_new_tokens,
+                "rollout_buffer_size": args.rollout_buffer_size,
+                "micro_batch": args.micro_batch,
+                "threads": args.threads,
+            }
             label = f"{model_key:8s} {mode:4s}"
             row = {"spec": spec, "ours": {}}
             if args.comlrl_python:  # the baseline first, so a slow run of ours cannot starve it
-                theirs = run_subprocess(args.comlrl_python, os.path.join(HERE, "_comlrl_magrpo_worker.py"),
-                                        spec, args.timeout)
+                theirs = run_subprocess(
+                    args.comlrl_python, os.path.join(HERE, "_comlrl_magrpo_worker.py"), spec, args.timeout
+                )
                 print(f"CoMLRL     {label} fp32      : {summarize(theirs)}", flush=True)
                 row["comlrl"] = theirs
             for precision in precisions:
-                ours = run_subprocess(sys.executable, os.path.abspath(__file__), {**spec, "precision": precision},
-                                      args.timeout)
+                ours = run_subprocess(
+                    sys.executable, os.path.abspath(__file__), {**spec, "precision": precision}, args.timeout
+                )
                 print(f"comlrl-gym {label} {precision:10s}: {summarize(ours)}", flush=True)
                 row["ours"][precision] = ours
                 theirs = row.get("comlrl", {})
                 if "step_mean_s" in ours and "step_mean_s" in theirs:
-                    print(f"  speed-up {theirs['step_mean_s'] / ours['step_mean_s']:.2f}x, memory ratio "
-                          f"{ours['peak_rss_gib'] / theirs['peak_rss_gib']:.2f} (ours / CoMLRL)", flush=True)
+                    print(
+                        f"  speed-up {theirs['step_mean_s'] / ours['step_mean_s']:.2f}x, memory ratio "
+                        f"{ours['peak_rss_gib'] / theirs['peak_rss_gib']:.2f} (ours / CoMLRL)",
+                        flush=True,
+                    )
             results.append(row)
     if args.json:
         with open(args.json, "w") as handle:

@@ -50,10 +50,20 @@ def run_ours(args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     team = Team.from_specs([AgentSpec(tiny_model_path(), device="cpu")] * 2)
-    cfg = MADPOConfig(preference_num_candidates=args.candidates, preference_pairs_per_sample=args.pairs_per_task,
-                      preference_max_tasks=args.tasks, preference_task_batch_size=args.tasks,
-                      max_new_tokens=args.max_new_tokens, temperature=0.6, top_p=0.6, top_k=50, eval_interval=0,
-                      output_dir="/tmp/bench_preference", progress_bar=False, env_kwargs={"expansion_ratio": 1.5})
+    cfg = MADPOConfig(
+        preference_num_candidates=args.candidates,
+        preference_pairs_per_sample=args.pairs_per_task,
+        preference_max_tasks=args.tasks,
+        preference_task_batch_size=args.tasks,
+        max_new_tokens=args.max_new_tokens,
+        temperature=0.6,
+        top_p=0.6,
+        top_k=50,
+        eval_interval=0,
+        output_dir="/tmp/bench_preference",
+        progress_bar=False,
+        env_kwargs={"expansion_ratio": 1.5},
+    )
     trainer = MADPOTrainer(cfg, team, "comlrl/Writing-v0")
     t0 = time.perf_counter()
     pairs, _ = trainer.collect_pairs()
@@ -64,8 +74,13 @@ def run_ours(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         madpo_update(trainer.policies, trainer.optimizers, batch, 0.1, micro_batch_size=args.batch)
         times.append(time.perf_counter() - t0)
-    return {"impl": "comlrl-gym", "pairs": len(pairs), "collect_s": collect_s, "pairs_per_s": len(pairs) / collect_s,
-            "update_s": statistics.median(times)}
+    return {
+        "impl": "comlrl-gym",
+        "pairs": len(pairs),
+        "collect_s": collect_s,
+        "pairs_per_s": len(pairs) / collect_s,
+        "update_s": statistics.median(times),
+    }
 
 
 def run_comlrl(args: argparse.Namespace) -> dict:
@@ -85,14 +100,31 @@ def run_comlrl(args: argparse.Namespace) -> dict:
         return [score_writing(passage, s, e, reward_cfg)[0] for s, e in zip(summaries, expansions)]
 
     formatters = [lambda item, i=i: by_passage[item["passage"]][i] for i in range(2)]
-    cfg = MADPOConfig(preference_num_candidates=args.candidates, preference_pairs_per_sample=args.pairs_per_task,
-                      max_new_tokens=args.max_new_tokens, temperature=0.6, top_p=0.6, top_k=50, eval_interval=0,
-                      num_agents=2, num_train_epochs=1, train_batch_size=args.batch, agent_devices="cpu")
+    cfg = MADPOConfig(
+        preference_num_candidates=args.candidates,
+        preference_pairs_per_sample=args.pairs_per_task,
+        max_new_tokens=args.max_new_tokens,
+        temperature=0.6,
+        top_p=0.6,
+        top_k=50,
+        eval_interval=0,
+        num_agents=2,
+        num_train_epochs=1,
+        train_batch_size=args.batch,
+        agent_devices="cpu",
+    )
     path = tiny_model_path()
     from transformers import AutoTokenizer
 
-    trainer = MADPOTrainer(agent_model=path, tokenizer=AutoTokenizer.from_pretrained(path), num_agents=2,
-                           train_dataset=items, reward_func=reward, formatters=formatters, args=cfg)
+    trainer = MADPOTrainer(
+        agent_model=path,
+        tokenizer=AutoTokenizer.from_pretrained(path),
+        num_agents=2,
+        train_dataset=items,
+        reward_func=reward,
+        formatters=formatters,
+        args=cfg,
+    )
     for agent in trainer.agents:
         agent.train()
     t0 = time.perf_counter()
@@ -103,8 +135,13 @@ def run_comlrl(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         trainer._update_from_preference_batch(pairs[: args.batch])
         times.append(time.perf_counter() - t0)
-    return {"impl": "CoMLRL", "pairs": len(pairs), "collect_s": collect_s, "pairs_per_s": len(pairs) / collect_s,
-            "update_s": statistics.median(times)}
+    return {
+        "impl": "CoMLRL",
+        "pairs": len(pairs),
+        "collect_s": collect_s,
+        "pairs_per_s": len(pairs) / collect_s,
+        "update_s": statistics.median(times),
+    }
 
 
 def main() -> None:
@@ -124,16 +161,20 @@ def main() -> None:
     rows = [run_ours(args)]
     if args.comlrl_python:
         cmd = [args.comlrl_python, os.path.abspath(__file__), "--side", "comlrl"] + [
-            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-            if k in ("tasks", "candidates", "pairs_per_task", "max_new_tokens", "batch", "repeats")]
+            f"--{k.replace('_', '-')}={v}"
+            for k, v in vars(args).items()
+            if k in ("tasks", "candidates", "pairs_per_task", "max_new_tokens", "batch", "repeats")
+        ]
         env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if out.returncode != 0:
             print(f"CoMLRL side failed:\n{out.stderr[-3000:]}", file=sys.stderr)
         else:
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"tasks={args.tasks} candidates={args.candidates} pairs/task<={args.pairs_per_task} "
-          f"max_new_tokens={args.max_new_tokens} batch={args.batch}")
+    print(
+        f"tasks={args.tasks} candidates={args.candidates} pairs/task<={args.pairs_per_task} "
+        f"max_new_tokens={args.max_new_tokens} batch={args.batch}"
+    )
     print(f"{'impl':<12}{'pairs':>7}{'collect_s':>11}{'pairs/s':>10}{'update_s':>10}")
     for r in rows:
         print(f"{r['impl']:<12}{r['pairs']:>7}{r['collect_s']:>11.2f}{r['pairs_per_s']:>10.2f}{r['update_s']:>10.3f}")

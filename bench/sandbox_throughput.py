@@ -46,8 +46,7 @@ def time_sandbox(box: Sandbox, problems: list[dict]) -> float:
 def bench_reference(problems: list[dict]) -> float:
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda p: check_correctness(p, p["canonical_solution"], 3.0),
-                                problems))
+        results = list(pool.map(lambda p: check_correctness(p, p["canonical_solution"], 3.0), problems))
     elapsed = time.perf_counter() - start
     assert all(r["passed"] for r in results), "reference harness failed a canonical solution"
     return len(problems) / elapsed
@@ -56,16 +55,39 @@ def bench_reference(problems: list[dict]) -> float:
 def bench_docker_run(problems: list[dict], workers: int) -> float:
     """One `docker run` per program, with the same lock-down flags as our pool."""
     opts = container_options(SandboxConfig())
-    flags = ["--rm", "-i", "--network", "none", "--read-only", "--user", opts["user"],
-             "--tmpfs", f"/tmp:{opts['tmpfs']['/tmp']}", "--cap-drop", "ALL",
-             "--security-opt", "no-new-privileges", "--memory", opts["mem_limit"],
-             "--memory-swap", opts["memswap_limit"], "--pids-limit", str(opts["pids_limit"]),
-             "--cpus", "1"]
+    flags = [
+        "--rm",
+        "-i",
+        "--network",
+        "none",
+        "--read-only",
+        "--user",
+        opts["user"],
+        "--tmpfs",
+        f"/tmp:{opts['tmpfs']['/tmp']}",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--memory",
+        opts["mem_limit"],
+        "--memory-swap",
+        opts["memswap_limit"],
+        "--pids-limit",
+        str(opts["pids_limit"]),
+        "--cpus",
+        "1",
+    ]
 
     def run(problem: dict) -> bool:
         code = problem["prompt"] + problem["canonical_solution"] + "\n" + check_code(problem)
-        proc = subprocess.run(["docker", "run", *flags, image_tag(), "python3", "-"], input=code,
-                              text=True, capture_output=True, timeout=60)
+        proc = subprocess.run(
+            ["docker", "run", *flags, image_tag(), "python3", "-"],
+            input=code,
+            text=True,
+            capture_output=True,
+            timeout=60,
+        )
         return proc.returncode == 0
 
     start = time.perf_counter()
@@ -79,17 +101,23 @@ def bench_docker_run(problems: list[dict], workers: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pool-size", type=int, default=None, help="default: os.cpu_count()")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="rounds (docker, process, reference interleaved); best is shown")
-    parser.add_argument("--docker-run-subset", type=int, default=24,
-                        help="programs for the `docker run` baseline (0 skips it)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds (docker, process, reference interleaved); best is shown"
+    )
+    parser.add_argument(
+        "--docker-run-subset", type=int, default=24, help="programs for the `docker run` baseline (0 skips it)"
+    )
     args = parser.parse_args()
     problems = list(read_problems().values())
-    print(f"{len(problems)} HumanEval canonical programs, {os.cpu_count()} CPUs, "
-          f"pool size {args.pool_size or os.cpu_count()}, best of {args.repeats} rounds")
+    print(
+        f"{len(problems)} HumanEval canonical programs, {os.cpu_count()} CPUs, "
+        f"pool size {args.pool_size or os.cpu_count()}, best of {args.repeats} rounds"
+    )
     best = {"docker": 0.0, "process": 0.0, "reference": 0.0}
-    with Sandbox(backend="docker", pool_size=args.pool_size) as docker_box, \
-            Sandbox(backend="process", pool_size=args.pool_size) as process_box:
+    with (
+        Sandbox(backend="docker", pool_size=args.pool_size) as docker_box,
+        Sandbox(backend="process", pool_size=args.pool_size) as process_box,
+    ):
         for box in (docker_box, process_box):  # warm pools: start-up is not throughput
             box.start()
             time_sandbox(box, problems[:8])
@@ -101,11 +129,10 @@ def main() -> None:
     print(f"process backend:                   {best['process']:8.1f} programs/s")
     print(f"reference check_correctness x4:    {best['reference']:8.1f} programs/s")
     if args.docker_run_subset:
-        subset = problems[:args.docker_run_subset]
+        subset = problems[: args.docker_run_subset]
         per_run = bench_docker_run(subset, os.cpu_count() or 1)
         print(f"`docker run` per program ({len(subset)}):    {per_run:8.1f} programs/s")
-    print(f"docker backend / reference ratio: {best['docker'] / best['reference']:.2f} "
-          "(target >= 2.0)")
+    print(f"docker backend / reference ratio: {best['docker'] / best['reference']:.2f} (target >= 2.0)")
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ def child(model: str, agents: int, shared: bool, work: bool) -> None:
     import torch
     from transformers import AutoModelForCausalLM  # noqa: F401
 
-    from comlrl_core.policy import GenerationConfig
     from comlrl_core.models.team import AgentSpec, Team
+    from comlrl_core.policy import GenerationConfig
 
     after_import = _peak_mib()
     specs = [AgentSpec(model, lora=True, lora_r=8, device="cpu", share_base=shared) for _ in range(agents)]
@@ -44,23 +44,38 @@ def child(model: str, agents: int, shared: bool, work: bool) -> None:
     after_load = _peak_mib()
     if work:
         for policy in team:
-            out = policy.generate(["Write a function that adds two numbers."], 2,
-                                  GenerationConfig(max_new_tokens=8), seed=0)
-            loss = -policy.sequence_logprobs(
-                [c.prompt_token_ids for c in out[0]], [c.token_ids for c in out[0]]
-            ).mean()
+            out = policy.generate(
+                ["Write a function that adds two numbers."], 2, GenerationConfig(max_new_tokens=8), seed=0
+            )
+            loss = -policy.sequence_logprobs([c.prompt_token_ids for c in out[0]], [c.token_ids for c in out[0]]).mean()
             loss.backward()
             torch.optim.SGD(list(policy.parameters()), lr=1e-3).step()
-    print(json.dumps({
-        "agents": agents, "shared": shared, "after_import_mib": after_import,
-        "after_load_mib": after_load, "peak_mib": _peak_mib(),
-        "bases": len({id(p.shared_base) for p in team}),
-    }))
+    print(
+        json.dumps(
+            {
+                "agents": agents,
+                "shared": shared,
+                "after_import_mib": after_import,
+                "after_load_mib": after_load,
+                "peak_mib": _peak_mib(),
+                "bases": len({id(p.shared_base) for p in team}),
+            }
+        )
+    )
 
 
 def measure(model: str, agents: int, shared: bool, work: bool) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--model", model,
-           "--agents", str(agents), "--mode", "shared" if shared else "separate"]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--model",
+        model,
+        "--agents",
+        str(agents),
+        "--mode",
+        "shared" if shared else "separate",
+    ]
     if not work:
         cmd.append("--no-work")
     env = dict(os.environ, TQDM_DISABLE="1")
@@ -91,29 +106,40 @@ def main() -> None:
                 rows[(n, False)] = rows[(n, True)]  # identical configuration
                 continue
             rows[(n, shared)] = measure(model, n, shared, work)
-            print(f"  measured {n} agent(s), {'shared' if shared else 'separate'}: "
-                  f"{rows[(n, shared)]['peak_mib']:.0f} MiB", file=sys.stderr)
+            print(
+                f"  measured {n} agent(s), {'shared' if shared else 'separate'}: "
+                f"{rows[(n, shared)]['peak_mib']:.0f} MiB",
+                file=sys.stderr,
+            )
 
     one = rows[(min(args.agents), True)]
     imported = one["after_import_mib"]
     print(f"\nPeak RSS (MiB), model={model}, LoRA r=8, {'load + generate + backward' if work else 'load only'}")
-    print(f"(process after imports, before any model: ~{imported:.0f} MiB; '(load)' = shared peak "
-          "after building the team, before any generate/backward)\n")
-    print(f"{'agents':>6} | {'shared':>8} | {'(load)':>8} | {'separate':>8} | {'shared/1 agent':>14} | "
-          f"{'separate/1 agent':>16} | {'bases (sh/sep)':>14}")
+    print(
+        f"(process after imports, before any model: ~{imported:.0f} MiB; '(load)' = shared peak "
+        "after building the team, before any generate/backward)\n"
+    )
+    print(
+        f"{'agents':>6} | {'shared':>8} | {'(load)':>8} | {'separate':>8} | {'shared/1 agent':>14} | "
+        f"{'separate/1 agent':>16} | {'bases (sh/sep)':>14}"
+    )
     print("-" * 93)
     for n in args.agents:
         sh, sep = rows[(n, True)], rows[(n, False)]
-        print(f"{n:>6} | {sh['peak_mib']:>8.0f} | {sh['after_load_mib']:>8.0f} | {sep['peak_mib']:>8.0f} | "
-              f"{sh['peak_mib'] / one['peak_mib']:>13.2f}x | {sep['peak_mib'] / one['peak_mib']:>15.2f}x | "
-              f"{sh['bases']:>6} / {sep['bases']:<6}")
+        print(
+            f"{n:>6} | {sh['peak_mib']:>8.0f} | {sh['after_load_mib']:>8.0f} | {sep['peak_mib']:>8.0f} | "
+            f"{sh['peak_mib'] / one['peak_mib']:>13.2f}x | {sep['peak_mib'] / one['peak_mib']:>15.2f}x | "
+            f"{sh['bases']:>6} / {sep['bases']:<6}"
+        )
     largest = max(args.agents)
     ratio = rows[(largest, True)]["peak_mib"] / one["peak_mib"]
     model_only = (rows[(largest, True)]["peak_mib"] - imported) / max(one["peak_mib"] - imported, 1e-9)
     verdict = "OK" if ratio <= TARGET else "ABOVE TARGET"
-    print(f"\n{largest} shared agents / 1 agent: {ratio:.2f}x total RSS "
-          f"({model_only:.2f}x counting only memory above the post-import baseline); "
-          f"target <= {TARGET}x: {verdict}")
+    print(
+        f"\n{largest} shared agents / 1 agent: {ratio:.2f}x total RSS "
+        f"({model_only:.2f}x counting only memory above the post-import baseline); "
+        f"target <= {TARGET}x: {verdict}"
+    )
 
 
 if __name__ == "__main__":

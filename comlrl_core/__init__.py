@@ -50,9 +50,25 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "AgentSpec", "BaseConfig", "CallablePolicy", "Completion", "ConfigError", "GenerationConfig",
-    "MetricsLogger", "Policy", "RemoteAuthError", "RemoteModelClient", "RemoteModelConfig",
-    "RemoteModelError", "RemotePolicy", "RemoteRequestError", "RemoteResponseError",
-    "RemoteUnavailableError", "Team", "TransformersPolicy", "option", "tiny_model_path",
+    "AgentSpec",
+    "BaseConfig",
+    "CallablePolicy",
+    "Completion",
+    "ConfigError",
+    "GenerationConfig",
+    "MetricsLogger",
+    "Policy",
+    "RemoteAuthError",
+    "RemoteModelClient",
+    "RemoteModelConfig",
+    "RemoteModelError",
+    "RemotePolicy",
+    "RemoteRequestError",
+    "RemoteResponseError",
+    "RemoteUnavailableError",
+    "Team",
+    "TransformersPolicy",
+    "option",
+    "tiny_model_path",
 ]
 __version__ = "0.1.0"

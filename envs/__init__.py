@@ -11,7 +11,6 @@ one. Built-in ids:
 from __future__ import annotations
 
 from comlrl_core.registry import make, register, registered_ids
-
 from envs.base import TextParallelEnv
 
 # Binding the function after the submodule import makes ``envs.evaluate`` the function

@@ -62,9 +62,7 @@ from envs.reward_processing import as_reward_processor
 #: Characters the Text spaces sample from: printable ASCII (tab and newline included).
 TEXT_CHARSET = "".join(sorted(set(string.printable) - set("\r\x0b\x0c")))
 
-StepResult = tuple[
-    dict[str, str], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict[str, Any]]
-]
+StepResult = tuple[dict[str, str], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict[str, Any]]]
 CustomTransition = Callable[..., Sequence[str]]
 
 
@@ -81,9 +79,7 @@ def parse_task_slice(task_slice: str | slice | None) -> slice:
                 return slice(*(int(p) if p.strip() else None for p in parts))
             except ValueError:
                 pass
-    raise ValueError(
-        f"task_slice must be a slice or a string like '0:100' or ':-20', got {task_slice!r}"
-    )
+    raise ValueError(f"task_slice must be a slice or a string like '0:100' or ':-20', got {task_slice!r}")
 
 
 class TextParallelEnv(ParallelEnv):
@@ -186,7 +182,9 @@ class TextParallelEnv(ParallelEnv):
         """The ``prompt`` argument of a custom transition callable."""
         return str(task.get("prompt", ""))
 
-    def _transition(self, task: dict[str, Any], actions: dict[str, str], details: dict[str, Any], mode: str) -> dict[str, str]:
+    def _transition(
+        self, task: dict[str, Any], actions: dict[str, str], details: dict[str, Any], mode: str
+    ) -> dict[str, str]:
         """Next-turn prompt text per agent for a built-in mode (before formatters)."""
         if mode == "plain":
             return {agent: self._plain_prompt(task, agent, actions) for agent in self.possible_agents}
@@ -258,7 +256,9 @@ class TextParallelEnv(ParallelEnv):
         return float(self.max_reward)
 
     # ---- episode ------------------------------------------------------------------------
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
         if seed is not None:
             self._np_random, _ = seeding.np_random(int(seed))
         choice = (options or {}).get("task")
@@ -284,7 +284,9 @@ class TextParallelEnv(ParallelEnv):
         return type(self).step_many([self], [actions])[0]
 
     @classmethod
-    def step_many(cls, envs: Sequence["TextParallelEnv"], actions_list: Sequence[Mapping[str, Any]]) -> list[StepResult]:
+    def step_many(
+        cls, envs: Sequence["TextParallelEnv"], actions_list: Sequence[Mapping[str, Any]]
+    ) -> list[StepResult]:
         """Step many envs; all joint actions of envs with the same ``_scoring_key`` are
         scored by ONE ``_score_batch`` call (e.g. one sandbox batch)."""
         if len(envs) != len(actions_list):
@@ -310,14 +312,18 @@ class TextParallelEnv(ParallelEnv):
             raise TypeError(f"actions must be a dict agent -> completion, got {type(actions).__name__}")
         unknown = set(actions) - set(self.possible_agents)
         if unknown:
-            raise ValueError(f"actions name unknown agents {sorted(map(str, unknown))}; agents are {self.possible_agents}")
+            raise ValueError(
+                f"actions name unknown agents {sorted(map(str, unknown))}; agents are {self.possible_agents}"
+            )
         clean: dict[str, str] = {}
         diags: dict[str, list[str]] = {}
         for agent in self.agents:
             clean[agent], diags[agent] = sanitize_action(actions.get(agent), self.action_char_limit)
         return clean, diags
 
-    def _finish_step(self, clean: dict[str, str], diags: dict[str, list[str]], raw: float, details: dict[str, Any]) -> StepResult:
+    def _finish_step(
+        self, clean: dict[str, str], diags: dict[str, list[str]], raw: float, details: dict[str, Any]
+    ) -> StepResult:
         try:
             raw = float(raw)
         except (TypeError, ValueError):
@@ -371,8 +377,12 @@ class TextParallelEnv(ParallelEnv):
                 prompt_history_per_agent=[list(self.prompt_history[a]) for a in agents],
                 response_history_per_agent=[list(self.response_history[a]) for a in agents],
             )
-            if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) != len(agents) \
-                    or not all(isinstance(p, str) for p in prompts):
+            if (
+                isinstance(prompts, str)
+                or not isinstance(prompts, Sequence)
+                or len(prompts) != len(agents)
+                or not all(isinstance(p, str) for p in prompts)
+            ):
                 raise ValueError(
                     f"the external_transition callable must return a list of {len(agents)} str "
                     f"(one prompt per agent, in order {agents}), got {prompts!r:.200}"

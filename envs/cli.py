@@ -82,7 +82,9 @@ def _run(args: argparse.Namespace) -> int:
             "k": list(args.k),
             "num_tasks": args.num_tasks,
             "env_kwargs": env_kwargs,
-            "generation_config": vars(generation_config) if hasattr(generation_config, "__dict__") else str(generation_config),
+            "generation_config": vars(generation_config)
+            if hasattr(generation_config, "__dict__")
+            else str(generation_config),
             "seed": args.seed,
         }
         with open(args.out, "w", encoding="utf-8") as f:
@@ -93,16 +95,29 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``comlrl eval`` (called by the ``comlrl`` CLI through its entry point)."""
-    p = subparsers.add_parser("eval", help="evaluate a team on an environment (pass@k, reward per turn)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate a team on an environment (pass@k, reward per turn)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--env", required=True, help="registered environment id, e.g. comlrl/Writing-v0")
-    p.add_argument("--model", action="append", required=True,
-                   help="model source; once for all agents or once per agent, in agent order")
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="model source; once for all agents or once per agent, in agent order",
+    )
     p.add_argument("--n-samples", type=int, default=1, help="joint samples per task (n of pass@k)")
     p.add_argument("--k", type=int, nargs="+", default=[1], help="k values of pass@k (k > n is omitted)")
     p.add_argument("--num-tasks", type=int, default=None, help="evaluate the first N tasks of the split")
-    p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment argument (JSON value or plain string); repeatable")
+    p.add_argument(
+        "--env-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment argument (JSON value or plain string); repeatable",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)

@@ -47,9 +47,7 @@ def as_reward_processor(spec: None | Mapping[str, Any] | RewardFn) -> RewardFn:
     if isinstance(spec, Mapping):
         unknown = set(spec) - {"scale", "shift"}
         if unknown:
-            raise ValueError(
-                f"reward_processor mapping accepts only 'scale' and 'shift', got {sorted(unknown)}"
-            )
+            raise ValueError(f"reward_processor mapping accepts only 'scale' and 'shift', got {sorted(unknown)}")
         return RewardProcessor(**{k: float(v) for k, v in spec.items()})
     if callable(spec):
         return spec

@@ -48,15 +48,20 @@ def learner_classes(algorithm: str) -> tuple[type, type]:
 
 
 def add_commands(subparsers: Any) -> None:
-    train = subparsers.add_parser("train", help="train a team of agents on an environment",
-                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train = subparsers.add_parser(
+        "train",
+        help="train a team of agents on an environment",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     algos = train.add_subparsers(dest="algorithm", metavar="ALGORITHM")
     for name, text in ALGORITHMS.items():
         p = algos.add_parser(name, help=text, description=text)
         p.add_argument("--env", required=True, help="registered environment id, e.g. comlrl/CoopCode-v0")
         p.add_argument("--config", help="YAML file of options")
-        p.add_argument("--resume", action="store_true",
-                       help="resume from the latest complete checkpoint under output_dir")
+        p.add_argument(
+            "--resume", action="store_true", help="resume from the latest complete checkpoint under output_dir"
+        )
         p.add_argument("--resume-from", metavar="PATH", help="resume from this checkpoint folder")
         p.add_argument("--print-config", action="store_true", help="print the resolved options and exit")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="option overrides")
@@ -94,11 +99,20 @@ def build_team(config: Any, env_id: str):
     if len(models) == 1:
         models = models * count
     if len(models) != count:
-        raise ValueError(f"agent_models names {len(models)} models for {count} agents; give one per agent or one for all")
+        raise ValueError(
+            f"agent_models names {len(models)} models for {count} agents; give one per agent or one for all"
+        )
     specs = [
-        AgentSpec(model=m, lora=config.lora, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                  lora_dropout=config.lora_dropout, dtype=config.dtype, mixed_precision=config.mixed_precision,
-                  device=config.device or default_device)
+        AgentSpec(
+            model=m,
+            lora=config.lora,
+            lora_r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            dtype=config.dtype,
+            mixed_precision=config.mixed_precision,
+            device=config.device or default_device,
+        )
         for m in models
     ]
     return Team.from_specs(specs)
@@ -120,6 +134,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"resumed from {path} at step {trainer.global_step}", file=sys.stderr)
     trainer.train()
     run_dir = trainer.run_dir
-    print(f"done: {trainer.global_step} steps; metrics {run_dir / 'metrics.jsonl'}; "
-          f"plot {run_dir / 'reward_curve.png'}; checkpoints {run_dir / 'checkpoints'}")
+    print(
+        f"done: {trainer.global_step} steps; metrics {run_dir / 'metrics.jsonl'}; "
+        f"plot {run_dir / 'reward_curve.png'}; checkpoints {run_dir / 'checkpoints'}"
+    )
     return 0

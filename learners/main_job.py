@@ -89,17 +89,35 @@ def _evaluate(cfg: MainJobConfig, team: Any, label: str) -> dict[str, float]:
     from comlrl_core.policy import GenerationConfig
 
     m = cfg.magrpo
-    gen = GenerationConfig(max_new_tokens=cfg.eval_max_new_tokens or m.max_new_tokens,
-                           temperature=cfg.eval_temperature, top_p=m.top_p, top_k=m.top_k or 0)
+    gen = GenerationConfig(
+        max_new_tokens=cfg.eval_max_new_tokens or m.max_new_tokens,
+        temperature=cfg.eval_temperature,
+        top_p=m.top_p,
+        top_k=m.top_k or 0,
+    )
     kwargs = {**cfg.env_kwargs, "num_turns": m.num_turns, "task_slice": cfg.eval_task_slice}
     ks = [k for k in cfg.eval_k if k <= cfg.eval_n_samples]
     start = time.perf_counter()
-    result = evaluate(cfg.env_id, team, n_samples=cfg.eval_n_samples, k=ks, num_tasks=cfg.eval_num_tasks,
-                      env_kwargs=kwargs, generation_config=gen, seed=m.seed)
-    print(f"[main] evaluation {label}: " + ", ".join(f"{k}={v:.3f}" for k, v in result.metrics.items()
-                                                    if k.startswith(("pass@", "turn_"))
-                                                    and not k.endswith("num_episodes"))
-          + f" ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    result = evaluate(
+        cfg.env_id,
+        team,
+        n_samples=cfg.eval_n_samples,
+        k=ks,
+        num_tasks=cfg.eval_num_tasks,
+        env_kwargs=kwargs,
+        generation_config=gen,
+        seed=m.seed,
+    )
+    print(
+        f"[main] evaluation {label}: "
+        + ", ".join(
+            f"{k}={v:.3f}"
+            for k, v in result.metrics.items()
+            if k.startswith(("pass@", "turn_")) and not k.endswith("num_episodes")
+        )
+        + f" ({time.perf_counter() - start:.0f} s)",
+        file=sys.stderr,
+    )
     return dict(result.metrics)
 
 
@@ -143,12 +161,15 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, Any]:
     from learners.magrpo import MAGRPOTrainer
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    magrpo = MAGRPOConfig.from_dict({**cfg.magrpo.to_dict(), "output_dir": str(out_dir),
-                                     "env_kwargs": {**cfg.env_kwargs, **cfg.magrpo.env_kwargs}})
+    magrpo = MAGRPOConfig.from_dict(
+        {**cfg.magrpo.to_dict(), "output_dir": str(out_dir), "env_kwargs": {**cfg.env_kwargs, **cfg.magrpo.env_kwargs}}
+    )
     cfg = MainJobConfig.from_dict({**cfg.to_dict(), "magrpo": magrpo.to_dict()})
     cfg.to_yaml(out_dir / "config.yaml")
     started = time.perf_counter()
-    print(f"[main] building the team: {magrpo.num_agents} x {magrpo.agent_models} (LoRA={magrpo.lora})", file=sys.stderr)
+    print(
+        f"[main] building the team: {magrpo.num_agents} x {magrpo.agent_models} (LoRA={magrpo.lora})", file=sys.stderr
+    )
     team = build_team(magrpo, cfg.env_id)
     print(f"[main] device: {team[0].device}", file=sys.stderr)
     before = _evaluate(cfg, team, "before training")
@@ -160,22 +181,35 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, Any]:
     table = _eval_table(before, after)
     (out_dir / "eval.md").write_text(
         f"# Held-out evaluation ({cfg.env_id}, tasks {cfg.eval_task_slice}, first {cfg.eval_num_tasks}, "
-        f"n={cfg.eval_n_samples})\n\n" + table)
+        f"n={cfg.eval_n_samples})\n\n" + table
+    )
     (out_dir / "eval.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
     _plot_pass_at_k(before, after, out_dir / "pass_at_k.png")
     trainer.logger.close()
-    summary = {"run_dir": str(out_dir), "steps": trainer.global_step,
-               "seconds": round(time.perf_counter() - started, 1), "before": before, "after": after}
+    summary = {
+        "run_dir": str(out_dir),
+        "steps": trainer.global_step,
+        "seconds": round(time.perf_counter() - started, 1),
+        "before": before,
+        "after": after,
+    }
     print(table)
-    print(f"[main] done in {summary['seconds']} s: {out_dir}/ (metrics.jsonl, reward_curve.png, pass_at_k.png, "
-          f"eval.md, checkpoints/)", file=sys.stderr)
+    print(
+        f"[main] done in {summary['seconds']} s: {out_dir}/ (metrics.jsonl, reward_curve.png, pass_at_k.png, "
+        f"eval.md, checkpoints/)",
+        file=sys.stderr,
+    )
     return summary
 
 
 # -- command line --------------------------------------------------------------------
 def add_commands(subparsers: Any) -> None:
-    p = subparsers.add_parser("main", help="the main job: MAGRPO on CoopCode with SmolLM2, evaluated before/after",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "main",
+        help="the main job: MAGRPO on CoopCode with SmolLM2, evaluated before/after",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", default="runs/main", help="run folder (default: runs/main)")
     p.add_argument("--config", help="YAML file of MainJobConfig options")
     p.add_argument("--print-config", action="store_true", help="print the resolved options and exit")

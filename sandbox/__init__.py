@@ -16,5 +16,4 @@ from .config import SandboxConfig
 from .sandbox import Sandbox
 from .types import AssertOutcome, Program, Result, SandboxUnavailable, Status
 
-__all__ = ["AssertOutcome", "Program", "Result", "Sandbox", "SandboxConfig",
-           "SandboxUnavailable", "Status"]
+__all__ = ["AssertOutcome", "Program", "Result", "Sandbox", "SandboxConfig", "SandboxUnavailable", "Status"]

@@ -34,8 +34,16 @@ _TRACEBACK_CAP = 4000
 _MAX_OUTCOMES = 1000
 # Top-level test statements that only prepare (imports, defs, assignments): run, but not
 # reported as asserts unless they raise.
-_SETUP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef,
-                ast.ClassDef, ast.Assign, ast.AnnAssign, ast.AugAssign)
+_SETUP_NODES = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Assign,
+    ast.AnnAssign,
+    ast.AugAssign,
+)
 
 
 def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
@@ -55,8 +63,11 @@ def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
         os.setgroups([])
         os.setgid(cfg["run_gid"])
         os.setuid(cfg["run_uid"])
-    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, cfg["nofile"]),
-              (resource.RLIMIT_CPU, cfg["cpu_seconds"])]
+    limits = [
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NOFILE, cfg["nofile"]),
+        (resource.RLIMIT_CPU, cfg["cpu_seconds"]),
+    ]
     if cfg.get("memory_bytes"):
         limits.append((resource.RLIMIT_AS, cfg["memory_bytes"]))
     if cfg.get("fsize_bytes"):
@@ -68,8 +79,7 @@ def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
     os.environ.clear()
-    os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir,
-                       "TMPDIR": workdir, "LANG": "C.UTF-8"})
+    os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
     random.seed()  # forked children would otherwise share the server's random state
 
 
@@ -232,5 +242,5 @@ def run_child(cfg, request, secret, workdir, out_w, err_w, verdict_w):
     message = _repr((secret, my_pid, status, error_type, error_message, phase, trace, outcomes))
     data = _encode(message + "\n", "utf-8", "surrogatepass")
     while data:
-        data = data[_write(VERDICT_FD, data):]
+        data = data[_write(VERDICT_FD, data) :]
     _exit(0)

@@ -62,7 +62,7 @@ def _send(message):
     body = json.dumps(message).encode()
     data = memoryview(_HEADER.pack(len(body)) + body)
     while data:
-        data = data[os.write(1, data):]
+        data = data[os.write(1, data) :]
 
 
 def _set_dumpable(flag):
@@ -175,7 +175,7 @@ def _collect(pid, fds, deadline, caps):
                 room = caps[fd] - len(buffers[fd])
                 if len(data) > room:
                     truncated[fd] = True
-                    data = data[:max(room, 0)]
+                    data = data[: max(room, 0)]
                 buffers[fd] += data
             if pidfd is None:
                 done, wait_status = os.waitpid(pid, os.WNOHANG)
@@ -201,7 +201,7 @@ def _drain(fds, buffers, truncated, caps):
             room = caps[fd] - len(buffers[fd])
             if len(data) > room:
                 truncated[fd] = True
-                data = data[:max(room, 0)]
+                data = data[: max(room, 0)]
             buffers[fd] += data
 
 
@@ -231,13 +231,23 @@ def _parse_verdict(raw, secret, pid):
         _, _, status, etype, emsg, phase, trace, outcomes = verdict
         if status not in _STATUSES:
             return None, True
-        asserts = None if outcomes is None else [
-            {"index": o[0], "text": o[1], "passed": o[2], "error_type": o[3], "error_message": o[4]}
-            for o in outcomes]
+        asserts = (
+            None
+            if outcomes is None
+            else [
+                {"index": o[0], "text": o[1], "passed": o[2], "error_type": o[3], "error_message": o[4]}
+                for o in outcomes
+            ]
+        )
     except Exception:  # noqa: BLE001
         return None, True
-    return {"status": status, "error_type": etype, "error_message": emsg,
-            "asserts": asserts, "extra": {"phase": phase, "traceback": trace}}, False
+    return {
+        "status": status,
+        "error_type": etype,
+        "error_message": emsg,
+        "asserts": asserts,
+        "extra": {"phase": phase, "traceback": trace},
+    }, False
 
 
 def _exit_verdict(wait_status, oom):
@@ -299,28 +309,42 @@ def _run(cfg, request):
     oom = oom_before is not None and (_oom_kills() or 0) > oom_before
     verdict, tampered = _parse_verdict(buffers[verdict_r], secret, pid)
     if not exited:
-        verdict = {"status": "timeout", "error_type": "Timeout",
-                   "error_message": f"timed out after {timeout:g} s", "asserts": None, "extra": {}}
+        verdict = {
+            "status": "timeout",
+            "error_type": "Timeout",
+            "error_message": f"timed out after {timeout:g} s",
+            "asserts": None,
+            "extra": {},
+        }
     elif verdict is None and tampered:
-        verdict = {"status": "killed", "error_type": "Tampered",
-                   "error_message": "the verdict channel was written to by the program",
-                   "asserts": None, "extra": {}}
+        verdict = {
+            "status": "killed",
+            "error_type": "Tampered",
+            "error_message": "the verdict channel was written to by the program",
+            "asserts": None,
+            "extra": {},
+        }
     elif verdict is None:
         status, etype, emsg = _exit_verdict(wait_status, oom)
         tainted = tainted or etype == "SandboxError"
-        verdict = {"status": status, "error_type": etype, "error_message": emsg,
-                   "asserts": None, "extra": {}}
-    verdict["extra"]["exit"] = (f"signal {os.WTERMSIG(wait_status)}" if os.WIFSIGNALED(wait_status)
-                                else f"code {os.WEXITSTATUS(wait_status)}")
+        verdict = {"status": status, "error_type": etype, "error_message": emsg, "asserts": None, "extra": {}}
+    verdict["extra"]["exit"] = (
+        f"signal {os.WTERMSIG(wait_status)}" if os.WIFSIGNALED(wait_status) else f"code {os.WEXITSTATUS(wait_status)}"
+    )
     shutil.rmtree(workdir, ignore_errors=True)
     for path in cfg.get("clean_dirs", ()):
         tainted = not _clean_dir(path) or tainted
     if oom:
         tainted = True  # the cgroup hit its limit: start from a fresh container
-    verdict.update(id=request.get("id"), duration=duration, tainted=tainted,
-                   stdout=bytes(buffers[out_r]).decode("utf-8", "replace"),
-                   stderr=bytes(buffers[err_r]).decode("utf-8", "replace"),
-                   stdout_truncated=truncated[out_r], stderr_truncated=truncated[err_r])
+    verdict.update(
+        id=request.get("id"),
+        duration=duration,
+        tainted=tainted,
+        stdout=bytes(buffers[out_r]).decode("utf-8", "replace"),
+        stderr=bytes(buffers[err_r]).decode("utf-8", "replace"),
+        stdout_truncated=truncated[out_r],
+        stderr_truncated=truncated[err_r],
+    )
     return verdict
 
 
@@ -336,8 +360,9 @@ def main():
     gc.freeze()  # children's GC then skips the server's objects: far fewer copy-on-write faults
     _set_dumpable(0)
     os.makedirs(cfg["work_root"], exist_ok=True)
-    _send({"ready": True, "pid": os.getpid(), "python": sys.version.split()[0],
-           "oom_counter": _oom_kills() is not None})
+    _send(
+        {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0], "oom_counter": _oom_kills() is not None}
+    )
     while True:
         request = _recv()
         if request is None:
@@ -345,10 +370,20 @@ def main():
         try:
             reply = _run(cfg, request)
         except Exception as err:  # noqa: BLE001 - the server must answer every request
-            reply = {"id": request.get("id"), "status": "killed", "error_type": "SandboxError",
-                     "error_message": f"sandbox server failed: {type(err).__name__}: {err}",
-                     "asserts": None, "stdout": "", "stderr": "", "stdout_truncated": False,
-                     "stderr_truncated": False, "duration": 0.0, "tainted": True, "extra": {}}
+            reply = {
+                "id": request.get("id"),
+                "status": "killed",
+                "error_type": "SandboxError",
+                "error_message": f"sandbox server failed: {type(err).__name__}: {err}",
+                "asserts": None,
+                "stdout": "",
+                "stderr": "",
+                "stdout_truncated": False,
+                "stderr_truncated": False,
+                "duration": 0.0,
+                "tainted": True,
+                "extra": {},
+            }
         _send(reply)
 
 

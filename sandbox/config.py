@@ -9,11 +9,44 @@ BACKENDS = ("auto", "docker", "process")
 
 # Stdlib modules the fork server imports once, so programs find them already loaded.
 DEFAULT_PREIMPORT: tuple[str, ...] = (
-    "abc", "array", "ast", "base64", "bisect", "calendar", "cmath", "collections",
-    "collections.abc", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal",
-    "enum", "fractions", "functools", "hashlib", "heapq", "io", "itertools", "json",
-    "linecache", "math", "numbers", "operator", "queue", "random", "re", "statistics",
-    "string", "struct", "textwrap", "threading", "time", "traceback", "typing",
+    "abc",
+    "array",
+    "ast",
+    "base64",
+    "bisect",
+    "calendar",
+    "cmath",
+    "collections",
+    "collections.abc",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "enum",
+    "fractions",
+    "functools",
+    "hashlib",
+    "heapq",
+    "io",
+    "itertools",
+    "json",
+    "linecache",
+    "math",
+    "numbers",
+    "operator",
+    "queue",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "struct",
+    "textwrap",
+    "threading",
+    "time",
+    "traceback",
+    "typing",
     "unicodedata",
 )
 
@@ -43,19 +76,18 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend={self.backend!r} is not one of {BACKENDS}; "
-                             "use 'auto' to pick Docker when an engine answers")
+            raise ValueError(
+                f"backend={self.backend!r} is not one of {BACKENDS}; use 'auto' to pick Docker when an engine answers"
+            )
         if self.pool_size is None:
             self.pool_size = os.cpu_count() or 1
         if not isinstance(self.pool_size, int) or self.pool_size < 1:
-            raise ValueError(f"pool_size={self.pool_size!r} must be a positive int (or None "
-                             "for os.cpu_count())")
+            raise ValueError(f"pool_size={self.pool_size!r} must be a positive int (or None for os.cpu_count())")
         for name, minimum in (("timeout", 0.001), ("cpus", 0.01)):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < minimum:
                 raise ValueError(f"{name}={value!r} must be a number >= {minimum}")
-        for name, minimum in (("memory_mb", 32), ("pids", 4), ("tmpfs_mb", 1),
-                              ("output_cap", 1024)):
+        for name, minimum in (("memory_mb", 32), ("pids", 4), ("tmpfs_mb", 1), ("output_cap", 1024)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name}={value!r} must be an int >= {minimum}")

@@ -40,8 +40,12 @@ def _process_start_time(pid: int) -> str:
 
 def owner_labels() -> dict[str, str]:
     pid = os.getpid()
-    return {LABEL: "1", f"{LABEL}.owner_host": socket.gethostname(),
-            f"{LABEL}.owner_pid": str(pid), f"{LABEL}.owner_start": _process_start_time(pid)}
+    return {
+        LABEL: "1",
+        f"{LABEL}.owner_host": socket.gethostname(),
+        f"{LABEL}.owner_pid": str(pid),
+        f"{LABEL}.owner_start": _process_start_time(pid),
+    }
 
 
 def owner_alive(labels: dict[str, str]) -> bool:
@@ -111,15 +115,15 @@ class DockerWorker(Worker):
         self._frames = bytearray()
         self._stderr_tail = bytearray()
         self._sock = self._raw = None
-        server_cfg = dict(config.server_config(), work_root="/tmp",
-                          clean_dirs=["/tmp", "/dev/shm"], container=True)
+        server_cfg = dict(config.server_config(), work_root="/tmp", clean_dirs=["/tmp", "/dev/shm"], container=True)
         self.container = client.containers.create(
-            image, command=["python3", "-I", "-c", server_source(), json.dumps(server_cfg)],
-            **container_options(config))
+            image, command=["python3", "-I", "-c", server_source(), json.dumps(server_cfg)], **container_options(config)
+        )
         try:
             # Attach before start, so not a byte of the server's output is missed.
             self._sock = client.api.attach_socket(
-                self.container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                self.container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
             self._raw = getattr(self._sock, "_sock", self._sock)
             self.container.start()
             self.wait_ready(config.start_timeout)
@@ -150,7 +154,7 @@ class DockerWorker(Worker):
             end = _FRAME.size + size
             if len(self._frames) < end:
                 break
-            payload = self._frames[_FRAME.size:end]
+            payload = self._frames[_FRAME.size : end]
             del self._frames[:end]
             if stream == 1:
                 out += payload

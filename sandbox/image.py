@@ -35,8 +35,15 @@ RECIPE: dict[str, Any] = {
     "suite": "bookworm",
     "variant": "minbase",
     "include": ["python3"],
-    "trim": ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale",
-             "var/cache/apt", "var/lib/apt/lists", "var/log"],
+    "trim": [
+        "usr/share/doc",
+        "usr/share/man",
+        "usr/share/info",
+        "usr/share/locale",
+        "var/cache/apt",
+        "var/lib/apt/lists",
+        "var/log",
+    ],
 }
 
 
@@ -83,8 +90,14 @@ def _debootstrap(rootfs: str, mirror: str, log: Callable[[str], None]) -> None:
             "debootstrap is not installed; install it with `apt-get install debootstrap` "
             "(scripts/setup_docker.sh does this)"
         )
-    cmd = [exe, f"--variant={RECIPE['variant']}", f"--include={','.join(RECIPE['include'])}",
-           RECIPE["suite"], rootfs, mirror]
+    cmd = [
+        exe,
+        f"--variant={RECIPE['variant']}",
+        f"--include={','.join(RECIPE['include'])}",
+        RECIPE["suite"],
+        rootfs,
+        mirror,
+    ]
     log("running: " + " ".join(cmd))
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
@@ -92,8 +105,7 @@ def _debootstrap(rootfs: str, mirror: str, log: Callable[[str], None]) -> None:
         raise RuntimeError(f"debootstrap failed (exit {proc.returncode}):\n{tail}")
 
 
-def build_image(client=None, force: bool = False, mirror: str | None = None,
-                log: Callable[[str], None] = print) -> str:
+def build_image(client=None, force: bool = False, mirror: str | None = None, log: Callable[[str], None] = print) -> str:
     """Build the sandbox image unless its content tag exists; return the tag."""
     client = client or docker_client()
     tag = image_tag()
@@ -116,11 +128,9 @@ def build_image(client=None, force: bool = False, mirror: str | None = None,
             for name in sorted(os.listdir(rootfs)):
                 tar.add(os.path.join(rootfs, name), arcname=name)
         repository, version = tag.split(":")
-        changes = [f"LABEL {IMAGE_LABEL}={version}", 'CMD ["python3"]', "USER 65534:65534",
-                   "ENV LANG=C.UTF-8"]
+        changes = [f"LABEL {IMAGE_LABEL}={version}", 'CMD ["python3"]', "USER 65534:65534", "ENV LANG=C.UTF-8"]
         log(f"importing {tag}")
-        client.api.import_image_from_file(archive, repository=repository, tag=version,
-                                          changes=changes)
+        client.api.import_image_from_file(archive, repository=repository, tag=version, changes=changes)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if not image_exists(client, tag):

@@ -96,12 +96,14 @@ class ProcessWorker(Worker):
         python = python or sys.executable
         prefix, net_mode = network_isolation()
         if net_mode == "none":
-            _warn_once("network", "sandbox process backend: `unshare -n` is not permitted here, "
-                       "so programs can reach the network; use the Docker backend to isolate them")
+            _warn_once(
+                "network",
+                "sandbox process backend: `unshare -n` is not permitted here, "
+                "so programs can reach the network; use the Docker backend to isolate them",
+            )
         self._dir = tempfile.mkdtemp(prefix="comlrl-sandbox-")
         os.chmod(self._dir, 0o711)  # the per-run dirs inside belong to the program's user
-        server_cfg = dict(config.server_config(), work_root=self._dir, clean_dirs=[],
-                          container=False)
+        server_cfg = dict(config.server_config(), work_root=self._dir, clean_dirs=[], container=False)
         run_uid = os.geteuid()
         if run_uid == 0 and net_mode != "userns":
             stdlib = os.path.dirname(os.__file__)
@@ -109,8 +111,11 @@ class ProcessWorker(Worker):
                 run_uid = NOBODY
                 server_cfg.update(run_uid=NOBODY, run_gid=NOBODY)
             else:
-                _warn_once("root", "sandbox process backend: running programs as root because "
-                           f"{stdlib} is not readable by uid {NOBODY}; use the Docker backend")
+                _warn_once(
+                    "root",
+                    "sandbox process backend: running programs as root because "
+                    f"{stdlib} is not readable by uid {NOBODY}; use the Docker backend",
+                )
         if run_uid != 0:  # RLIMIT_NPROC counts all processes of the user; root ignores it
             server_cfg["nproc"] = _process_count(run_uid) + config.pids
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self._dir}
@@ -118,8 +123,13 @@ class ProcessWorker(Worker):
         try:
             self._proc = subprocess.Popen(
                 [*prefix, python, "-I", "-c", server_source(), json.dumps(server_cfg)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-                cwd=self._dir, start_new_session=True)  # own group: killed as one at close
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=env,
+                cwd=self._dir,
+                start_new_session=True,
+            )  # own group: killed as one at close
             self._pid = self._proc.pid
             self.wait_ready(config.start_timeout)
         except BaseException:
@@ -172,5 +182,3 @@ class ProcessWorker(Worker):
                     stream.close()
         self._stderr.close()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-

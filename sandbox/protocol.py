@@ -47,7 +47,7 @@ class FrameDecoder:
         end = _HEADER.size + size
         if len(self._buffer) < end:
             return None
-        body = bytes(self._buffer[_HEADER.size:end])
+        body = bytes(self._buffer[_HEADER.size : end])
         del self._buffer[:end]
         return json.loads(body)
 
@@ -104,5 +104,11 @@ def result_from_reply(reply: dict[str, Any], backend: str) -> Result:
 
 def lost_result(backend: str, message: str, duration: float = 0.0) -> Result:
     """Result for a program whose worker died or stopped answering."""
-    return Result(status=Status.KILLED, error_type="SandboxLost", error_message=message,
-                  duration=duration, backend=backend, extra={"tainted": True})
+    return Result(
+        status=Status.KILLED,
+        error_type="SandboxLost",
+        error_message=message,
+        duration=duration,
+        backend=backend,
+        extra={"tainted": True},
+    )

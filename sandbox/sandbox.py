@@ -47,8 +47,7 @@ def _docker_setup(config: SandboxConfig):
     tag = config.image or image.image_tag()
     if not image.image_exists(client, tag):
         if not config.build_image or config.image is not None:
-            raise SandboxUnavailable(f"Docker image {tag} is missing; build it with "
-                                     "`comlrl sandbox build-image`")
+            raise SandboxUnavailable(f"Docker image {tag} is missing; build it with `comlrl sandbox build-image`")
         log.warning("building the sandbox image %s (once, about a minute)", tag)
         try:
             image.build_image(client, log=log.info)
@@ -95,8 +94,11 @@ class Sandbox:
                 raise
             if not _fallback_warned:
                 _fallback_warned = True
-                warnings.warn(f"sandbox: using the process backend, which isolates less than "
-                              f"Docker ({err})", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"sandbox: using the process backend, which isolates less than Docker ({err})",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return "process"
 
     # -- pool ------------------------------------------------------------------------
@@ -172,8 +174,7 @@ class Sandbox:
     # -- public API ------------------------------------------------------------------
     def start(self) -> "Sandbox":
         """Start every pool worker now (in parallel) instead of on first use."""
-        workers = list(self._pool_executor().map(lambda _: self._acquire(),
-                                                 range(self.config.pool_size)))
+        workers = list(self._pool_executor().map(lambda _: self._acquire(), range(self.config.pool_size)))
         for worker in workers:
             self._release(worker)
         return self
@@ -190,15 +191,20 @@ class Sandbox:
             jobs.put(item)
         results: list[Result | None] = [None] * len(batch)
         executor = self._pool_executor()
-        slots = [executor.submit(self._serve, jobs, results)
-                 for _ in range(min(self.config.pool_size, len(batch)))]
+        slots = [executor.submit(self._serve, jobs, results) for _ in range(min(self.config.pool_size, len(batch)))]
         for slot in slots:
             slot.result()
         assert all(r is not None for r in results), "a program was left without a result"
         return results  # type: ignore[return-value]
 
-    def run_one(self, program: Program | str, tests: str | Sequence[str] | None = None, *,
-                timeout: float | None = None, per_assert: bool = False) -> Result:
+    def run_one(
+        self,
+        program: Program | str,
+        tests: str | Sequence[str] | None = None,
+        *,
+        timeout: float | None = None,
+        per_assert: bool = False,
+    ) -> Result:
         """Run one program; ``tests``/``timeout``/``per_assert`` apply to a source string."""
         if isinstance(program, str):
             program = Program(source=program, tests=tests, timeout=timeout, per_assert=per_assert)
@@ -208,7 +214,8 @@ class Sandbox:
         with self._lock:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.config.pool_size, thread_name_prefix="sandbox")
+                    max_workers=self.config.pool_size, thread_name_prefix="sandbox"
+                )
             return self._executor
 
     def close(self) -> None:
@@ -242,8 +249,7 @@ class Sandbox:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Sandbox(backend={self.backend!r}, pool_size={self.config.pool_size}, "
-                f"closed={self._closed})")
+        return f"Sandbox(backend={self.backend!r}, pool_size={self.config.pool_size}, closed={self._closed})"
 
 
 @atexit.register

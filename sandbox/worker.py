@@ -75,8 +75,7 @@ class Worker:
             raise WorkerLost(f"unexpected first message from the sandbox server: {message!r}")
         return message
 
-    def serve(self, jobs: "queue.Queue[tuple[int, Program]]", results: list,
-              default_timeout: float) -> None:
+    def serve(self, jobs: "queue.Queue[tuple[int, Program]]", results: list, default_timeout: float) -> None:
         """Run jobs ``(index, program)`` from the queue until it is empty or we break.
 
         Requests are pipelined two deep: while the server runs one program the next

@@ -35,8 +35,13 @@ def test_custom_env_example_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_option_reference_is_current():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_option_reference.py"), "--check"],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_option_reference.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
 
 

@@ -31,21 +31,50 @@ MAGRPO_FAMILY = ("magrpo", "mareinforce", "marloo", "maremax")
 ALGORITHMS = MAGRPO_FAMILY + ("iac", "maac", "madpo", "madpo_iter", "marlhf", "marlhf_iter")
 
 # The same budget for every learner of a family: tiny but enough for one real update.
-COMMON = ["agent_models=tiny-random", "device=cpu", "max_new_tokens=8", "temperature=1.0", "top_p=1.0",
-          "top_k=0", "eval_interval=0", "progress_bar=false", "seed=0", "agent_learning_rate=1e-3"]
-PREFERENCE = ["preference_num_candidates=4", "preference_pairs_per_sample=2", "preference_max_tasks=2",
-              "preference_task_batch_size=2", "save_final_checkpoint=false"]
+COMMON = [
+    "agent_models=tiny-random",
+    "device=cpu",
+    "max_new_tokens=8",
+    "temperature=1.0",
+    "top_p=1.0",
+    "top_k=0",
+    "eval_interval=0",
+    "progress_bar=false",
+    "seed=0",
+    "agent_learning_rate=1e-3",
+]
+PREFERENCE = [
+    "preference_num_candidates=4",
+    "preference_pairs_per_sample=2",
+    "preference_max_tasks=2",
+    "preference_task_batch_size=2",
+    "save_final_checkpoint=false",
+]
 BUDGETS = {
-    **{algo: ["num_generations=2", "num_turns=1", "max_steps=1", "rollout_buffer_size=1",
-              "save_final_checkpoint=false"] for algo in MAGRPO_FAMILY},
+    **{
+        algo: [
+            "num_generations=2",
+            "num_turns=1",
+            "max_steps=1",
+            "rollout_buffer_size=1",
+            "save_final_checkpoint=false",
+        ]
+        for algo in MAGRPO_FAMILY
+    },
     "iac": ["num_turns=1", "max_steps=1", "rollout_buffer_size=1", "critic_learning_rate=1e-3"],
     "maac": ["num_turns=1", "max_steps=1", "rollout_buffer_size=1", "critic_learning_rate=1e-3"],
     "madpo": PREFERENCE + ["num_train_epochs=1", "train_batch_size=4"],
     "madpo_iter": PREFERENCE + ["num_iterations=1", "num_train_epochs=1", "train_batch_size=4"],
-    "marlhf": PREFERENCE + ["reward_num_train_epochs=1", "num_generations=2", "max_steps=1",
-                            "rollout_buffer_size=1"],
-    "marlhf_iter": PREFERENCE + ["num_iterations=1", "reward_num_train_epochs=1", "num_generations=2",
-                                 "max_steps=1", "rollout_buffer_size=1", "num_train_epochs=1"],
+    "marlhf": PREFERENCE + ["reward_num_train_epochs=1", "num_generations=2", "max_steps=1", "rollout_buffer_size=1"],
+    "marlhf_iter": PREFERENCE
+    + [
+        "num_iterations=1",
+        "reward_num_train_epochs=1",
+        "num_generations=2",
+        "max_steps=1",
+        "rollout_buffer_size=1",
+        "num_train_epochs=1",
+    ],
 }
 # What the tiny run needs from the environment on top of the config's own env_kwargs.
 # Learners whose update still moves the actors when every reward is 0 (see the docstring).

@@ -263,9 +263,7 @@ def _coerce_mapping(value: Any, tp: Any, name: str) -> dict:
         raise _type_error(name, tp, value)
     args = typing.get_args(tp)
     key_tp, val_tp = args if len(args) == 2 else (Any, Any)
-    return {
-        coerce(k, key_tp, f"{name}.<key>"): coerce(v, val_tp, f"{name}.{k}") for k, v in value.items()
-    }
+    return {coerce(k, key_tp, f"{name}.<key>"): coerce(v, val_tp, f"{name}.{k}") for k, v in value.items()}
 
 
 def _build_dataclass(tp: type, mapping: cabc.Mapping, name: str) -> Any:
@@ -374,16 +372,11 @@ def parse_text(text: Any, tp: Any, name: str) -> Any:
             parts = [] if stripped == "" else [p.strip() for p in text.split(",")]
             return _parse_structure(parts, tp, name)
         return _parse_structure(_load_text_yaml(stripped, tp, name), tp, name)
-    if (
-        origin in (dict, cabc.Mapping, cabc.MutableMapping)
-        or tp in (dict, cabc.Mapping)
-        or _is_dataclass_type(tp)
-    ):
+    if origin in (dict, cabc.Mapping, cabc.MutableMapping) or tp in (dict, cabc.Mapping) or _is_dataclass_type(tp):
         loaded = _load_text_yaml(stripped, tp, name) if stripped else {}
         if not isinstance(loaded, dict):
             raise ConfigError(
-                f"option '{name}' expects {type_name(tp)} as a YAML mapping like "
-                f"'{{key: value}}', got {text!r}",
+                f"option '{name}' expects {type_name(tp)} as a YAML mapping like '{{key: value}}', got {text!r}",
                 name,
             )
         return _parse_structure(loaded, tp, name)
@@ -394,9 +387,7 @@ def parse_text(text: Any, tp: Any, name: str) -> Any:
         return _coerce_enum(text, tp, name)  # raises with the allowed values
     if tp is pathlib.Path or (isinstance(tp, type) and issubclass(tp, pathlib.PurePath)):
         return tp(text)
-    raise ConfigError(
-        f"option '{name}' ({type_name(tp)}) cannot be set from text; set it in Python or YAML", name
-    )
+    raise ConfigError(f"option '{name}' ({type_name(tp)}) cannot be set from text; set it in Python or YAML", name)
 
 
 def _parse_structure(value: Any, tp: Any, name: str) -> Any:
@@ -441,10 +432,7 @@ def _parse_structure(value: Any, tp: Any, name: str) -> Any:
             raise _type_error(name, tp, value)
         args = typing.get_args(tp)
         key_tp, val_tp = args if len(args) == 2 else (Any, Any)
-        return {
-            parse_text(k, key_tp, f"{name}.<key>"): parse_text(v, val_tp, f"{name}.{k}")
-            for k, v in value.items()
-        }
+        return {parse_text(k, key_tp, f"{name}.<key>"): parse_text(v, val_tp, f"{name}.{k}") for k, v in value.items()}
     return parse_text(value, tp, name)
 
 
@@ -519,9 +507,7 @@ def unknown_option(key: str, cls: type, allowed: Iterable[str]) -> ConfigError:
     allowed = sorted(allowed)
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else ";"
-    return ConfigError(
-        f"unknown option '{key}' for {cls.__name__}{hint} allowed: {', '.join(allowed)}", key
-    )
+    return ConfigError(f"unknown option '{key}' for {cls.__name__}{hint} allowed: {', '.join(allowed)}", key)
 
 
 def build_dataclass(cls: type, data: Mapping[str, Any]) -> Any:

@@ -69,9 +69,7 @@ def option(default: Any = dataclasses.MISSING, *, help: str = "", **field_kwargs
     metadata["help"] = help
     if isinstance(default, (list, dict, set)) or dataclasses.is_dataclass(default):
         template = default
-        return dataclasses.field(
-            default_factory=lambda: _copy_default(template), metadata=metadata, **field_kwargs
-        )
+        return dataclasses.field(default_factory=lambda: _copy_default(template), metadata=metadata, **field_kwargs)
     return dataclasses.field(default=default, metadata=metadata, **field_kwargs)
 
 
@@ -114,8 +112,7 @@ def apply_overrides(cls: type, data: dict[str, Any], overrides: Sequence[str]) -
             nested = _dataclass_in(hint)
             if nested is None:
                 raise ConfigError(
-                    f"option '{dotted}' is {type_name(hint)}, not a group of options; "
-                    f"write {dotted}=<value>",
+                    f"option '{dotted}' is {type_name(hint)}, not a group of options; write {dotted}=<value>",
                     dotted,
                 )
             current = container.get(key)

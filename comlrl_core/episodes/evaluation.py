@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from comlrl_core.env_api import step_many
+from comlrl_core.models.simple_policies import CallablePolicy
 from comlrl_core.policy import GenerationConfig, Policy
 from comlrl_core.registry import make
-from comlrl_core.models.simple_policies import CallablePolicy
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -61,7 +61,9 @@ def as_policies(team: Any, agents: Sequence[str]) -> dict[str, Policy]:
         try:
             size = len(team)
         except TypeError as err:
-            raise TypeError(f"team must be a Team, a list of policies/callables or a dict, got {type(team).__name__}") from err
+            raise TypeError(
+                f"team must be a Team, a list of policies/callables or a dict, got {type(team).__name__}"
+            ) from err
         if size == 1:
             members = {a: team[0] for a in agents}
         elif size == len(agents):

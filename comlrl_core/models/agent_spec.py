@@ -34,9 +34,7 @@ def resolve_device(device: str) -> str:
             raise ValueError(f"device={device!r} but CUDA is not available; use device='auto' or 'cpu'")
         index = 0 if dev.index is None else dev.index
         if index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
+            raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
         return f"cuda:{index}"
     return str(dev)
 
@@ -76,9 +74,7 @@ class AgentSpec:
         if isinstance(self.model, os.PathLike):
             self.model = os.fspath(self.model)
         if not isinstance(self.model, str) or not self.model.strip():
-            raise ValueError(
-                f"AgentSpec.model must be a hub id, folder, .gguf path or alias, got {self.model!r}"
-            )
+            raise ValueError(f"AgentSpec.model must be a hub id, folder, .gguf path or alias, got {self.model!r}")
         for flag in ("lora", "gradient_checkpointing", "use_chat_template", "share_base"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"AgentSpec.{flag} must be True or False, got {getattr(self, flag)!r}")
@@ -102,9 +98,7 @@ class AgentSpec:
             raise ValueError(f"AgentSpec.dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         self.dtype = "bf16" if _DTYPES[self.dtype.lower()] == "bfloat16" else "fp32"
         if not isinstance(self.mixed_precision, str) or self.mixed_precision.lower() not in _MIXED:
-            raise ValueError(
-                f"AgentSpec.mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}"
-            )
+            raise ValueError(f"AgentSpec.mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
         self.mixed_precision = self.mixed_precision.lower()
         if self.mixed_precision != "no" and self.dtype != "fp32":
             raise ValueError(

@@ -36,11 +36,11 @@ from torch import nn
 
 from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.cpu.gqa_attention import use_cpu_gqa_attention
+from comlrl_core.models.cpu.packed_linear import prepacked_linears
 from comlrl_core.models.lora import SharedLoraBase, enable_gradient_checkpointing
 from comlrl_core.models.model_source import ModelSource, load_causal_lm, load_tokenizer, resolve_model_source
-from comlrl_core.models.cpu.packed_linear import prepacked_linears
-from comlrl_core.policy import Completion, GenerationConfig, Policy
 from comlrl_core.models.sampling import padded_position_ids, sample_tokens, supports_logits_to_keep
+from comlrl_core.policy import Completion, GenerationConfig, Policy
 
 POLICY_META = "comlrl_policy.json"
 
@@ -142,9 +142,7 @@ class TransformersPolicy(Policy):
         source: ModelSource | None = None,
     ) -> "TransformersPolicy":
         """Add a fresh LoRA adapter to ``shared`` and return the policy that owns it."""
-        shared.add_adapter(
-            adapter_name, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.lora_target_modules
-        )
+        shared.add_adapter(adapter_name, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.lora_target_modules)
         return cls(
             shared.model,
             tokenizer,
@@ -207,9 +205,7 @@ class TransformersPolicy(Policy):
             if self.system_prompt is not None:
                 messages.append({"role": "system", "content": self.system_prompt})
             messages.append({"role": "user", "content": prompt})
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             # the template already holds any BOS / special tokens it wants
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
@@ -226,8 +222,8 @@ class TransformersPolicy(Policy):
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for b, row in enumerate(rows):
             if row:
-                ids[b, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
-                mask[b, width - len(row):] = 1
+                ids[b, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+                mask[b, width - len(row) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
     # -- generation --------------------------------------------------------------------
@@ -315,9 +311,7 @@ class TransformersPolicy(Policy):
         P-1..P+C-2; position ids skip the padding, so padding changes nothing.
         """
         if len(prompt_ids) != len(completion_ids):
-            raise ValueError(
-                f"got {len(prompt_ids)} prompts but {len(completion_ids)} completions"
-            )
+            raise ValueError(f"got {len(prompt_ids)} prompts but {len(completion_ids)} completions")
         batch = len(prompt_ids)
         if batch == 0:
             return torch.zeros(0, 0, device=self.device), torch.zeros(0, 0, device=self.device)
@@ -331,11 +325,11 @@ class TransformersPolicy(Policy):
         ids = torch.full((batch, width_p + width_c), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for b, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-            ids[b, width_p - len(p): width_p] = torch.as_tensor(list(p), dtype=torch.long)
-            mask[b, width_p - len(p): width_p] = 1
+            ids[b, width_p - len(p) : width_p] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[b, width_p - len(p) : width_p] = 1
             if len(c):
-                ids[b, width_p: width_p + len(c)] = torch.as_tensor(list(c), dtype=torch.long)
-                mask[b, width_p: width_p + len(c)] = 1
+                ids[b, width_p : width_p + len(c)] = torch.as_tensor(list(c), dtype=torch.long)
+                mask[b, width_p : width_p + len(c)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
 
         self._activate()
@@ -350,7 +344,7 @@ class TransformersPolicy(Policy):
             )
         logits = outputs.logits
         # keep only the logits that predict completion tokens
-        logits = logits[:, -(width_c + 1): -1, :] if extra else logits[:, width_p - 1: -1, :]
+        logits = logits[:, -(width_c + 1) : -1, :] if extra else logits[:, width_p - 1 : -1, :]
         logits = logits.float()
         targets = ids[:, width_p:]
         # gather - logsumexp: avoids materialising a second [B, C, V] log_softmax tensor
@@ -386,9 +380,7 @@ class TransformersPolicy(Policy):
                 kind = json.load(f).get("kind")
             mine = "lora" if self.is_lora else "full"
             if kind != mine:
-                raise ValueError(
-                    f"{directory} holds a {kind} checkpoint but policy {self.name!r} is {mine}"
-                )
+                raise ValueError(f"{directory} holds a {kind} checkpoint but policy {self.name!r} is {mine}")
         if self.is_lora:
             self.shared_base.load_adapter(self.adapter_name, directory)
         else:

@@ -64,7 +64,8 @@ def find_lora_target_modules(model: nn.Module) -> list[str]:
     names = {
         name.rsplit(".", 1)[-1]
         for name, module in blocks.named_modules()
-        if isinstance(module, linear_types) and name
+        if isinstance(module, linear_types)
+        and name
         # skip layers peft itself added (when the model already carries adapters)
         and not any(part.startswith("lora_") or part == "base_layer" for part in name.split("."))
     }
@@ -172,9 +173,7 @@ class SharedLoraBase:
             self.model = get_peft_model(self._base, config, adapter_name=name)
         else:
             self.model.add_adapter(name, config)
-        self._params[name] = [
-            p for n, p in self.model.named_parameters() if _is_adapter_param(n, name)
-        ]
+        self._params[name] = [p for n, p in self.model.named_parameters() if _is_adapter_param(n, name)]
         if not self._params[name]:
             raise RuntimeError(f"peft created no parameters for adapter {name!r}")
         self._active = None  # add_adapter may change requires_grad; re-activate next time

@@ -130,9 +130,7 @@ def _from_path(spec: str, path: str, kind_hint: SourceKind | None = None) -> Mod
     name = os.path.basename(os.path.normpath(path))
     if os.path.isfile(path):
         if not path.lower().endswith(".gguf"):
-            raise ModelSourceError(
-                f"model source {spec!r} is a file but not a .gguf file; {_accepted()}"
-            )
+            raise ModelSourceError(f"model source {spec!r} is a file but not a .gguf file; {_accepted()}")
         folder, filename = os.path.split(os.path.abspath(path))
         return ModelSource(spec, kind_hint or "gguf", folder, filename, name)
     if os.path.isdir(path):
@@ -143,12 +141,9 @@ def _from_path(spec: str, path: str, kind_hint: SourceKind | None = None) -> Mod
             return ModelSource(spec, kind_hint or "gguf", os.path.abspath(path), ggufs[0], name)
         if len(ggufs) > 1:
             raise ModelSourceError(
-                f"model source {spec!r} is a folder with several .gguf files {ggufs}; "
-                "name the file itself"
+                f"model source {spec!r} is a folder with several .gguf files {ggufs}; name the file itself"
             )
-        raise ModelSourceError(
-            f"model source {spec!r} is a folder without config.json or a .gguf file; {_accepted()}"
-        )
+        raise ModelSourceError(f"model source {spec!r} is a folder without config.json or a .gguf file; {_accepted()}")
     raise ModelSourceError(f"model source {spec!r}: no such file or folder; {_accepted()}")
 
 
@@ -157,7 +152,8 @@ def _looks_like_path(source: str) -> bool:
         source.startswith(("/", "./", "../", "~", "."))
         or source.lower().endswith(".gguf")
         or source.count("/") > 1
-        or os.sep != "/" and os.sep in source
+        or os.sep != "/"
+        and os.sep in source
     )
 
 

@@ -41,9 +41,7 @@ def padded_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def filter_logits(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Scale by temperature, then keep the top-k, then the smallest top-p nucleus.
 
     Filtered entries become ``-inf``; the most likely token is always kept.
@@ -153,8 +151,8 @@ def _preallocated_layer_type():
             end = self._filled + new
             if end > self._key_buffer.shape[-2]:  # past the reservation: grow like DynamicLayer
                 return super().update(key_states, value_states, *args, **kwargs)
-            self._key_buffer[..., self._filled:end, :] = key_states
-            self._value_buffer[..., self._filled:end, :] = value_states
+            self._key_buffer[..., self._filled : end, :] = key_states
+            self._value_buffer[..., self._filled : end, :] = value_states
             self._filled = end
             self.keys = self._key_buffer[..., :end, :]
             self.values = self._value_buffer[..., :end, :]

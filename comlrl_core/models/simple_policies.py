@@ -149,8 +149,7 @@ class RemotePolicy(Policy):
             self.client, self._owns_client = client_or_config, False
         else:
             raise TypeError(
-                "RemotePolicy needs a RemoteModelClient or RemoteModelConfig, "
-                f"got {type(client_or_config).__name__}"
+                f"RemotePolicy needs a RemoteModelClient or RemoteModelConfig, got {type(client_or_config).__name__}"
             )
         self.on_error = on_error
         self.forward_sampling = forward_sampling
@@ -177,9 +176,7 @@ class RemotePolicy(Policy):
         out = []
         for prompt_index, row in enumerate(rows):
             if isinstance(row, RemoteModelError):  # only with on_error="error_completion"
-                logger.warning(
-                    "%s: prompt %d failed, returning error completions: %s", self.name, prompt_index, row
-                )
+                logger.warning("%s: prompt %d failed, returning error completions: %s", self.name, prompt_index, row)
                 out.append([Completion(text="", token_ids=[], finish_reason="error") for _ in range(num_samples)])
             else:
                 out.append([Completion(text=c.text, token_ids=[], finish_reason=c.finish_reason) for c in row])

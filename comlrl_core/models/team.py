@@ -105,9 +105,7 @@ class Team:
             tokenizer = load_tokenizer(source)
             shared = SharedLoraBase(load_base_model(source, first))
             for i in members:
-                policies[i] = TransformersPolicy.with_new_adapter(
-                    shared, tokenizer, items[i], f"agent_{i}", source
-                )
+                policies[i] = TransformersPolicy.with_new_adapter(shared, tokenizer, items[i], f"agent_{i}", source)
         for i, item in enumerate(items):
             if policies[i] is not None:
                 continue

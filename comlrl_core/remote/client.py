@@ -437,9 +437,7 @@ class RemoteModelClient:
                         f"{where} rejected the request: {message}{hint}", status=failure.status, attempts=attempt
                     ) from None
                 if failure.kind == "response":
-                    raise RemoteResponseError(
-                        f"{where}: {message}", status=failure.status, attempts=attempt
-                    ) from None
+                    raise RemoteResponseError(f"{where}: {message}", status=failure.status, attempts=attempt) from None
                 if attempt > cfg.max_retries:
                     raise RemoteUnavailableError(
                         f"{where} unavailable after {attempt} attempt(s): {message}",

@@ -79,9 +79,7 @@ def extract_field(data: Any, path: str) -> Any:
 
 
 def _missing(path: str, where: str, detail: str) -> BackendFailure:
-    return BackendFailure(
-        "response", f"expected field {path!r} in the response body; missing at {where!r} ({detail})"
-    )
+    return BackendFailure("response", f"expected field {path!r} in the response body; missing at {where!r} ({detail})")
 
 
 def texts_at(data: Any, path: str) -> list[str]:
@@ -341,9 +339,7 @@ class _SDKBackend(FormatBackend):
         try:
             result = method(**kwargs)
         except sdk.APIResponseValidationError as e:
-            raise BackendFailure(
-                "response", f"response failed validation: {e.message}", status=e.status_code
-            ) from None
+            raise BackendFailure("response", f"response failed validation: {e.message}", status=e.status_code) from None
         except sdk.APIStatusError as e:
             raise failure_from_status(e.status_code, e.body, dict(e.response.headers)) from None
         except sdk.APITimeoutError:

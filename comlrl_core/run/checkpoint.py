@@ -449,4 +449,3 @@ def cleanup_incomplete(
                 shutil.rmtree(path)
                 removed.append(path)
     return removed
-

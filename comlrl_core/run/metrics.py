@@ -296,8 +296,7 @@ def plot_metric(
         from matplotlib.figure import Figure
     except ImportError:
         raise ImportError(
-            "plot_metric needs matplotlib, which is not installed; install it with: "
-            "pip install 'comlrl-gym[viz]'"
+            "plot_metric needs matplotlib, which is not installed; install it with: pip install 'comlrl-gym[viz]'"
         ) from None
     keys = [key] if isinstance(key, str) else list(key)
     rows = read_metrics(path)

@@ -129,9 +129,7 @@ class _MainAnalysis:
         return [
             node
             for node in ast.walk(self.func)
-            if isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in self.aux_aliases
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.aux_aliases
         ]
 
     def value_is_read(self, node: ast.expr, seen: set[str]) -> bool:
@@ -161,10 +159,7 @@ class _MainAnalysis:
             return False
         args = list(node.args) + [k.value for k in node.keywords]
         plain = (ast.Name, ast.Constant)
-        return all(
-            isinstance(a, plain) or (isinstance(a, ast.Starred) and isinstance(a.value, ast.Name))
-            for a in args
-        )
+        return all(isinstance(a, plain) or (isinstance(a, ast.Starred) and isinstance(a.value, ast.Name)) for a in args)
 
     def is_wrapper(self) -> bool:
         """Main's body only forwards to aux and returns the result unchanged."""
@@ -177,9 +172,7 @@ class _MainAnalysis:
                 value = stmt.value
                 if value is None:
                     return False
-                return self._is_forwarding_call(value) or (
-                    isinstance(value, ast.Name) and value.id in carriers
-                )
+                return self._is_forwarding_call(value) or (isinstance(value, ast.Name) and value.id in carriers)
             names = _simple_targets(stmt)
             value = getattr(stmt, "value", None)
             if names is None or value is None:

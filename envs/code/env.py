@@ -180,8 +180,9 @@ class CoopCodeEnv(TextParallelEnv):
         self.max_reward = reward_weights.maximum(self.single)
         self.sandbox_timeout = float(sandbox_timeout)
         self.sandbox_slice = feedback.validate_sandbox_slice(sandbox_slice)
-        self._source = dict(dataset=dataset, data_path=data_path, dataset_id=dataset_id,
-                            dataset_config=dataset_config, split=split)
+        self._source = dict(
+            dataset=dataset, data_path=data_path, dataset_id=dataset_id, dataset_config=dataset_config, split=split
+        )
         self._given_tasks = tasks
         self._sandbox = _SandboxHandle(sandbox, sandbox_backend, sandbox_pool_size, dict(sandbox_kwargs or {}))
         self._owns_resources = True
@@ -297,8 +298,12 @@ class CoopCodeEnv(TextParallelEnv):
     def _ask_expert(self, task, actions, details, names) -> tuple[dict[str, str] | None, str | None]:
         assert self._expert is not None
         failing = [o["test"] for o in details.get("test_outcomes", []) if o["is_assert"] and not o["passed"]]
-        request = expert_mod.expert_request(task, {a: actions.get(a, "") for a in self.possible_agents}, names,
-                                            feedback.select_tests(failing, self.sandbox_slice))
+        request = expert_mod.expert_request(
+            task,
+            {a: actions.get(a, "") for a in self.possible_agents},
+            names,
+            feedback.select_tests(failing, self.sandbox_slice),
+        )
         try:
             reply = self._expert.ask(request)
         except expert_mod.ExpertError as err:
@@ -318,4 +323,3 @@ class CoopCodeEnv(TextParallelEnv):
             if self._expert is not None:
                 self._expert.close()
         super().close()
-

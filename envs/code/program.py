@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
 _MAX_RECOVERY_CUTS = 8  # trailing-junk recovery attempts per completion
-KEPT_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-              ast.Assign, ast.AnnAssign)
+KEPT_NODES = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Assign,
+    ast.AnnAssign,
+)
 
 
 def extract_code(text: str) -> str:
@@ -163,11 +170,7 @@ def _instrument(statement: str) -> str:
     left = ast.unparse(node.test.left)
     op = "==" if isinstance(node.test.ops[0], ast.Eq) else "is"
     right = ast.unparse(node.test.comparators[0])
-    return (
-        f"__comlrl_got = {left}\n"
-        f"assert __comlrl_got {op} ({right}), "
-        f"'got ' + repr(__comlrl_got)[:{_REPR_LIMIT}]"
-    )
+    return f"__comlrl_got = {left}\nassert __comlrl_got {op} ({right}), 'got ' + repr(__comlrl_got)[:{_REPR_LIMIT}]"
 
 
 def build_test_harness(task: dict) -> tuple[str, list[str]]:

@@ -126,8 +126,14 @@ def analyse(task: dict, actions: dict[str, str], single: bool, aux_name: str = "
             sub.program = program
         except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
             sub.diagnostics.append(f"the combined program does not parse: {err}")
-            sub.syntax_errors.append({"agent": "combined", "line": getattr(err, "lineno", None),
-                                      "column": getattr(err, "offset", None), "message": str(err)})
+            sub.syntax_errors.append(
+                {
+                    "agent": "combined",
+                    "line": getattr(err, "lineno", None),
+                    "column": getattr(err, "offset", None),
+                    "message": str(err),
+                }
+            )
     if not single:
         sub.cooperation = analyse_cooperation(parsed["main"].functions.get(entry), aux_name)
         if not found["aux"] and sub.cooperation.calls_aux:
@@ -150,15 +156,17 @@ def _outcomes(task: dict, result: Any) -> list[dict[str, Any]]:
     records = []
     for i, text in enumerate(task["test_statements"]):
         outcome = by_index.get(i)
-        records.append({
-            "index": i,
-            "test": text,
-            "is_assert": i in asserts,
-            "ran": outcome is not None,
-            "passed": bool(outcome is not None and outcome.passed),
-            "error_type": None if outcome is None else outcome.error_type,
-            "error_message": None if outcome is None else outcome.error_message,
-        })
+        records.append(
+            {
+                "index": i,
+                "test": text,
+                "is_assert": i in asserts,
+                "ran": outcome is not None,
+                "passed": bool(outcome is not None and outcome.passed),
+                "error_type": None if outcome is None else outcome.error_type,
+                "error_message": None if outcome is None else outcome.error_message,
+            }
+        )
     return records
 
 
@@ -217,8 +225,9 @@ def score(sub: Submission, result: Any | None, weights: RewardWeights) -> tuple[
         "cooperation": None if sub.single else (sub.cooperation or CooperationReport()).as_dict(),
         "test_outcomes": outcomes,
         "sandbox_status": status,
-        "sandbox_error": None if result is None else {
-            "type": getattr(result, "error_type", None), "message": getattr(result, "error_message", None)},
+        "sandbox_error": None
+        if result is None
+        else {"type": getattr(result, "error_type", None), "message": getattr(result, "error_message", None)},
         "diagnostics": diagnostics,
         "task_id": task.get("task_id"),
     }

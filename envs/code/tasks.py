@@ -97,9 +97,7 @@ def split_test_code(test: str) -> dict[str, Any]:
     if not check.args.args:
         raise TaskFormatError("check() must take the candidate function as its argument")
     statements = [_statement_source(lines, stmt) for stmt in check.body]
-    asserts = [
-        i for i, stmt in enumerate(check.body) if any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
-    ]
+    asserts = [i for i, stmt in enumerate(check.body) if any(isinstance(n, ast.Assert) for n in ast.walk(stmt))]
     check_src = "\n".join(lines[check.lineno - 1 : check.end_lineno])
     setup = "\n\n".join(setup_parts)
     return {
@@ -257,8 +255,7 @@ def load_tasks(
         raw = read_records(humaneval_path())
     else:
         hub_id, hub_config, hub_split = HUB_DEFAULTS[source]
-        raw = load_hub(dataset_id or hub_id, dataset_config or (None if dataset_id else hub_config),
-                       split or hub_split)
+        raw = load_hub(dataset_id or hub_id, dataset_config or (None if dataset_id else hub_config), split or hub_split)
     tasks = [normalise_record(r, source, i) for i, r in enumerate(raw)]
     if not tasks:
         raise ValueError(f"dataset {dataset!r} has no records")

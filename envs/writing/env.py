@@ -123,7 +123,9 @@ class WritingEnv(TextParallelEnv):
             results.append((raw, details))
         return results
 
-    def _transition(self, task: dict[str, Any], actions: dict[str, str], details: dict[str, Any], mode: str) -> dict[str, str]:
+    def _transition(
+        self, task: dict[str, Any], actions: dict[str, str], details: dict[str, Any], mode: str
+    ) -> dict[str, str]:
         if mode == "level_feedback":
             levels = ", ".join(f"{k} {v:.2f}" for k, v in details["levels"].items())
             stats = details["stats"]

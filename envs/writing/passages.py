@@ -21,8 +21,38 @@ NUM_PASSAGES = 320
 SEED = 20240601
 
 _SYLLABLES = ["bar", "ven", "lo", "mir", "tas", "el", "dor", "ka", "sil", "ran", "thu", "mo", "gal", "ne", "pri", "wen"]
-_FIRST = ["Amara", "Jonas", "Lena", "Tomas", "Priya", "Mateo", "Ingrid", "Kofi", "Yuki", "Elena", "Farid", "Nora", "Owen", "Sofia", "Ravi", "Clara"]
-_LAST = ["Okafor", "Lindqvist", "Moreau", "Tanaka", "Herrera", "Novak", "Brennan", "Castell", "Duarte", "Holm", "Ivanova", "Kestrel"]
+_FIRST = [
+    "Amara",
+    "Jonas",
+    "Lena",
+    "Tomas",
+    "Priya",
+    "Mateo",
+    "Ingrid",
+    "Kofi",
+    "Yuki",
+    "Elena",
+    "Farid",
+    "Nora",
+    "Owen",
+    "Sofia",
+    "Ravi",
+    "Clara",
+]
+_LAST = [
+    "Okafor",
+    "Lindqvist",
+    "Moreau",
+    "Tanaka",
+    "Herrera",
+    "Novak",
+    "Brennan",
+    "Castell",
+    "Duarte",
+    "Holm",
+    "Ivanova",
+    "Kestrel",
+]
 _NUMBERS = ["two", "three", "four", "five", "six", "seven", "eight", "ten", "twelve"]
 
 

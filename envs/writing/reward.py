@@ -116,7 +116,9 @@ class WritingRewardConfig:
 MAX_REWARD = 3.0
 
 
-def score_writing(passage: str, summary: str, expansion: str, config: WritingRewardConfig) -> tuple[float, dict[str, Any]]:
+def score_writing(
+    passage: str, summary: str, expansion: str, config: WritingRewardConfig
+) -> tuple[float, dict[str, Any]]:
     """Raw team reward in ``[0, 3]`` and its details (levels and the statistics behind them)."""
     s_text, e_text = summary.strip(), expansion.strip()
     s_chars, e_chars = len(s_text), len(e_text)

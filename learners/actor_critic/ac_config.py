@@ -52,7 +52,9 @@ class ActorCriticConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOpt
     advantage_normalization: bool = option(True, help="normalise advantages per agent and turn in each update")
     # -- optimisation -----------------------------------------------------------------
     agent_learning_rate: float = option(5e-6, help="AdamW learning rate of the actors")
-    critic_learning_rate: float | None = option(5e-6, help="AdamW learning rate of critics / value heads (None: agent_learning_rate)")
+    critic_learning_rate: float | None = option(
+        5e-6, help="AdamW learning rate of critics / value heads (None: agent_learning_rate)"
+    )
     max_grad_norm: float | None = option(None, help="clip each optimizer's gradient norm (None: off)")
     rollout_buffer_size: int = option(8, help="episodes collected before an update round")
     train_batch_size: int | None = option(None, help="samples per optimizer step (None: a whole turn group)")
@@ -112,7 +114,9 @@ class IACConfig(ActorCriticConfig):
     ``critic_learning_rate``.
     """
 
-    use_separate_critic: bool = option(True, help="a separate critic model per agent (False: a value head on the actor)")
+    use_separate_critic: bool = option(
+        True, help="a separate critic model per agent (False: a value head on the actor)"
+    )
     value_head_hidden_dim: int | None = option(
         None, help="hidden width of the value head on the actor (None: one linear layer)"
     )

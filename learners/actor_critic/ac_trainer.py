@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
 from learners.actor_critic.ac_config import ActorCriticConfig
@@ -31,7 +30,14 @@ from learners.common.episodes import Episode, collect_episodes
 from learners.common.optim import adamw
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
-from learners.common.trainer_utils import TaskItemTraining, TrainerCommon, agent_entries, load_own_checkpoint, planned_items, shuffled_task
+from learners.common.trainer_utils import (
+    TaskItemTraining,
+    TrainerCommon,
+    agent_entries,
+    load_own_checkpoint,
+    planned_items,
+    shuffled_task,
+)
 
 # Seed-path tags: keep the random streams of different purposes apart.
 _ROLLOUT, _SHUFFLE, _ORDER, _EVAL = 1, 3, 4, 5
@@ -78,15 +84,14 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         for i, policy in enumerate(self.policies):
             params = [p for p in policy.parameters() if p.requires_grad]
             if not params:
-                raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; "
-                                 f"{self.algorithm_name} trains every agent")
-            self.actor_optimizers.append(
-                adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
+                raise ValueError(
+                    f"agent {i} ({policy.name}) has no trainable parameters; {self.algorithm_name} trains every agent"
+                )
+            self.actor_optimizers.append(adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
         self.critics = list(critics) if critics is not None else self._build_critics()
         self._check_critics(self.critics)
         self.critic_optimizers = [
-            adamw(c.trainable_parameters(), lr=config.resolved_critic_learning_rate,
-                              weight_decay=config.weight_decay)
+            adamw(c.trainable_parameters(), lr=config.resolved_critic_learning_rate, weight_decay=config.weight_decay)
             for c in self.critics
         ]
         self.buffer = EpisodeBuffer(config.rollout_buffer_size)
@@ -116,9 +121,14 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
     def _make_env(self, task_slice: str | None) -> Any:
         c = self.config
         extra = {"external_prompt_passthrough": True} if c.external_prompt_passthrough else {}
-        return build_env(self._env_spec, num_turns=c.num_turns,
-                         early_termination_threshold=c.early_termination_threshold,
-                         task_slice=task_slice, **extra, **c.env_kwargs)
+        return build_env(
+            self._env_spec,
+            num_turns=c.num_turns,
+            early_termination_threshold=c.early_termination_threshold,
+            task_slice=task_slice,
+            **extra,
+            **c.env_kwargs,
+        )
 
     def _separate_critic(self) -> ModelCritic:
         """A new critic model from ``critic_model`` (default: agent 0's model source)."""
@@ -128,10 +138,16 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
             src = getattr(self.policies[0], "source", None)
             source = getattr(src, "spec", None)
             if source is None:
-                raise ValueError("set critic_model (a model source) or pass critics=...: agent 0 "
-                                 "does not say which model it was loaded from")
-        spec: dict[str, Any] = {"lora": c.lora, "lora_r": c.lora_r, "lora_alpha": c.lora_alpha,
-                                "lora_dropout": c.lora_dropout}
+                raise ValueError(
+                    "set critic_model (a model source) or pass critics=...: agent 0 "
+                    "does not say which model it was loaded from"
+                )
+        spec: dict[str, Any] = {
+            "lora": c.lora,
+            "lora_r": c.lora_r,
+            "lora_alpha": c.lora_alpha,
+            "lora_dropout": c.lora_dropout,
+        }
         if c.device is not None:
             spec["device"] = c.device
         return ModelCritic.from_source(source, c.critic_value_head_hidden_dim, **spec)
@@ -157,9 +173,15 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         task = self.task_for_step(step)
         self.team_train(False)
         episodes = collect_episodes(
-            self.env, [task], self.policies, self.agent_names, num_turns=c.num_turns,
-            num_generations=c.num_generations, generation_config=self.generation_config(),
-            seed=derive_seed(c.seed, _ROLLOUT, step), record_joint_state=self._needs_joint_state(),
+            self.env,
+            [task],
+            self.policies,
+            self.agent_names,
+            num_turns=c.num_turns,
+            num_generations=c.num_generations,
+            generation_config=self.generation_config(),
+            seed=derive_seed(c.seed, _ROLLOUT, step),
+            record_joint_state=self._needs_joint_state(),
         )
         t1 = time.perf_counter()
         for episode in episodes:
@@ -172,8 +194,14 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         epoch_end = self.global_step % self.num_tasks == 0 or self.global_step == self.total_steps
         if epoch_end and len(self.buffer):  # no episode waits across an epoch boundary
             metrics.update(self._update_round("epoch_end"))
-        metrics.update({"train/task": float(task), "time/rollout_s": t1 - t0,
-                        "time/update_s": time.perf_counter() - t1, "time/step_s": time.perf_counter() - t0})
+        metrics.update(
+            {
+                "train/task": float(task),
+                "time/rollout_s": t1 - t0,
+                "time/update_s": time.perf_counter() - t1,
+                "time/step_s": time.perf_counter() - t0,
+            }
+        )
         if self.global_step % c.logging_steps == 0:
             self._log(metrics)
         return metrics
@@ -230,8 +258,12 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
     def evaluate(self) -> dict[str, float]:
         """Run ``eval_num_samples`` evaluation tasks (one episode each) and log ``eval/...``."""
         c = self.config
-        return self._evaluate_episodes(c.num_turns, c.discount, derive_seed(c.seed, _EVAL, self.global_step),
-                                       prepare=lambda: self.team_train(False))
+        return self._evaluate_episodes(
+            c.num_turns,
+            c.discount,
+            derive_seed(c.seed, _EVAL, self.global_step),
+            prepare=lambda: self.team_train(False),
+        )
 
     # -- checkpoints ----------------------------------------------------------------
     def _checkpoint_objects(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -246,17 +278,23 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         (default: ``output_dir/checkpoints/checkpoint-<step>``)."""
         path = directory or checkpoint_path(self.run_dir / "checkpoints", self.global_step)
         savables, optimizers = self._checkpoint_objects()
-        cursor = {"algorithm": self.algorithm_name, "global_step": self.global_step,
-                  "episodes_collected": self.episodes_collected, "update_rounds": self.update_rounds}
+        cursor = {
+            "algorithm": self.algorithm_name,
+            "global_step": self.global_step,
+            "episodes_collected": self.episodes_collected,
+            "update_rounds": self.update_rounds,
+        }
         buffer = json.dumps(self.buffer.to_list()).encode()
-        return save_checkpoint(path, policies=savables, optimizers=optimizers, cursor=cursor,
-                               extra_files={"episode_buffer.json": buffer})
+        return save_checkpoint(
+            path, policies=savables, optimizers=optimizers, cursor=cursor, extra_files={"episode_buffer.json": buffer}
+        )
 
     def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
         """Restore a checkpoint (default: the latest complete one under ``output_dir``)."""
         savables, optimizers = self._checkpoint_objects()
-        path, cursor = load_own_checkpoint(self.run_dir, directory, self.algorithm_name,
-                                           policies=savables, optimizers=optimizers)
+        path, cursor = load_own_checkpoint(
+            self.run_dir, directory, self.algorithm_name, policies=savables, optimizers=optimizers
+        )
         self.global_step = int(cursor["global_step"])
         self.episodes_collected = int(cursor["episodes_collected"])
         self.update_rounds = int(cursor["update_rounds"])

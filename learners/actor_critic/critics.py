@@ -74,16 +74,20 @@ def last_token_hidden(backbone: Any, rows: Sequence[Sequence[int]]) -> torch.Ten
     ids = torch.full((len(rows), width), int(backbone.pad_token_id), dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for b, row in enumerate(rows):
-        ids[b, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
-        mask[b, width - len(row):] = 1
+        ids[b, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+        mask[b, width - len(row) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     _activate_adapter(backbone)
     extra = {"logits_to_keep": 1} if supports_logits_to_keep(backbone.model) else {}
     compute = getattr(backbone, "compute_context", None)
     with compute() if callable(compute) else contextlib.nullcontext():  # mixed precision
         out = backbone.model(
-            input_ids=ids, attention_mask=mask, position_ids=padded_position_ids(mask),
-            use_cache=False, output_hidden_states=True, **extra,
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=padded_position_ids(mask),
+            use_cache=False,
+            output_hidden_states=True,
+            **extra,
         )
     return out.hidden_states[-1][:, -1, :].float()  # the value head stays fp32
 
@@ -111,7 +115,7 @@ class Critic(abc.ABC):
     def values_nograd(self, rows: Sequence[Sequence[int]], micro_batch_size: int) -> list[float]:
         out: list[float] = []
         for start in range(0, len(rows), micro_batch_size):
-            out.extend(self.values(rows[start:start + micro_batch_size]).float().cpu().tolist())
+            out.extend(self.values(rows[start : start + micro_batch_size]).float().cpu().tolist())
         return out
 
     @abc.abstractmethod

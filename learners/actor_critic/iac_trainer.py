@@ -79,8 +79,10 @@ class IACTrainer(ActorCriticTrainer):
             samples, where = self._agent_samples(agent, episodes)
             values = critic.values_nograd(samples.critic_rows, c.logprob_micro_batch_size)
             targets, advantages = update_targets(
-                [e.rewards for e in episodes], [[values[i] for i in idx] for idx in where],
-                discount=c.discount, critic_type=c.critic_type,
+                [e.rewards for e in episodes],
+                [[values[i] for i in idx] for idx in where],
+                discount=c.discount,
+                critic_type=c.critic_type,
                 advantage_normalization=c.advantage_normalization,
             )
             samples.old_values = values
@@ -92,10 +94,17 @@ class IACTrainer(ActorCriticTrainer):
                     samples.advantages[i] = advantages[e][t]
             results = [
                 optimize_batch(
-                    samples, batch, optimizers=[self.actor_optimizers[agent], self.critic_optimizers[agent]],
-                    policy=policy, critic=critic, value_loss_coef=c.value_loss_coef,
-                    value_clip_range=c.value_clip_range, micro_batch_size=c.logprob_micro_batch_size,
-                    max_grad_norm=c.max_grad_norm, step=self.global_step, who=f"agent {agent}",
+                    samples,
+                    batch,
+                    optimizers=[self.actor_optimizers[agent], self.critic_optimizers[agent]],
+                    policy=policy,
+                    critic=critic,
+                    value_loss_coef=c.value_loss_coef,
+                    value_clip_range=c.value_clip_range,
+                    micro_batch_size=c.logprob_micro_batch_size,
+                    max_grad_norm=c.max_grad_norm,
+                    step=self.global_step,
+                    who=f"agent {agent}",
                 )
                 for batch in minibatches(samples.turns, c.train_batch_size, rng)
             ]

@@ -20,9 +20,7 @@ import torch
 from comlrl_core.models.tokens import masked_sum
 
 
-def actor_loss_terms(
-    token_logprobs: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor
-) -> torch.Tensor:
+def actor_loss_terms(token_logprobs: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """Per-sample ``-A * sum(log pi)`` over real tokens; ``[B]``."""
     adv = advantages.to(token_logprobs.device, token_logprobs.dtype).detach()
     if adv.shape[0] != token_logprobs.shape[0]:

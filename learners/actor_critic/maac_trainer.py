@@ -62,8 +62,11 @@ class MAACTrainer(ActorCriticTrainer):
                 joint.critic_rows.append(self.critic.encode(*self.critic_input(turn)))
         values = self.critic.values_nograd(joint.critic_rows, c.logprob_micro_batch_size)
         targets, advantages = update_targets(
-            [e.rewards for e in episodes], [[values[i] for i in idx] for idx in where],
-            discount=c.discount, critic_type=c.critic_type, advantage_normalization=c.advantage_normalization,
+            [e.rewards for e in episodes],
+            [[values[i] for i in idx] for idx in where],
+            discount=c.discount,
+            critic_type=c.critic_type,
+            advantage_normalization=c.advantage_normalization,
         )
         joint.old_values = values
         joint.targets = [y for ys in targets for y in ys]  # episode-major, like the samples
@@ -72,22 +75,41 @@ class MAACTrainer(ActorCriticTrainer):
         out: dict[str, float] = {}
         batches = minibatches(joint.turns, c.train_batch_size, rng)
         for agent, policy in enumerate(self.policies):
-            mine = Samples(turns=joint.turns, advantages=joint.advantages,
-                           prompt_ids=[t.agents[agent].prompt_ids for e in episodes for t in e.turns],
-                           completion_ids=[t.agents[agent].completion_ids for e in episodes for t in e.turns])
+            mine = Samples(
+                turns=joint.turns,
+                advantages=joint.advantages,
+                prompt_ids=[t.agents[agent].prompt_ids for e in episodes for t in e.turns],
+                completion_ids=[t.agents[agent].completion_ids for e in episodes for t in e.turns],
+            )
             results = [
-                optimize_batch(mine, batch, optimizers=[self.actor_optimizers[agent]], policy=policy,
-                               value_loss_coef=c.value_loss_coef, value_clip_range=c.value_clip_range,
-                               micro_batch_size=c.logprob_micro_batch_size, max_grad_norm=c.max_grad_norm,
-                               step=self.global_step, who=f"agent {agent}")
+                optimize_batch(
+                    mine,
+                    batch,
+                    optimizers=[self.actor_optimizers[agent]],
+                    policy=policy,
+                    value_loss_coef=c.value_loss_coef,
+                    value_clip_range=c.value_clip_range,
+                    micro_batch_size=c.logprob_micro_batch_size,
+                    max_grad_norm=c.max_grad_norm,
+                    step=self.global_step,
+                    who=f"agent {agent}",
+                )
                 for batch in batches
             ]
             out[f"agent_{agent}/actor_loss"] = mean([r.actor_loss for r in results])
         critic_results = [
-            optimize_batch(joint, batch, optimizers=[self.critic_optimizers[0]], critic=self.critic,
-                           value_loss_coef=c.value_loss_coef, value_clip_range=c.value_clip_range,
-                           micro_batch_size=c.logprob_micro_batch_size, max_grad_norm=c.max_grad_norm,
-                           step=self.global_step, who="the centralized critic")
+            optimize_batch(
+                joint,
+                batch,
+                optimizers=[self.critic_optimizers[0]],
+                critic=self.critic,
+                value_loss_coef=c.value_loss_coef,
+                value_clip_range=c.value_clip_range,
+                micro_batch_size=c.logprob_micro_batch_size,
+                max_grad_norm=c.max_grad_norm,
+                step=self.global_step,
+                who="the centralized critic",
+            )
             for batch in batches
         ]
         out["critic/loss"] = mean([r.value_loss for r in critic_results])

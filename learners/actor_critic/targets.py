@@ -32,10 +32,7 @@ def td_targets(rewards: Sequence[float], values: Sequence[float], discount: floa
     if not 0.0 <= discount <= 1.0:
         raise ValueError(f"discount must be in [0, 1], got {discount}")
     last = len(rewards) - 1
-    return [
-        float(r) + (discount * float(values[t + 1]) if t < last else 0.0)
-        for t, r in enumerate(rewards)
-    ]
+    return [float(r) + (discount * float(values[t + 1]) if t < last else 0.0) for t, r in enumerate(rewards)]
 
 
 def discounted_returns(rewards: Sequence[float], discount: float) -> list[float]:

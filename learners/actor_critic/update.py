@@ -42,7 +42,7 @@ def minibatches(turns: Sequence[int], batch_size: int | None, rng: random.Random
         idx = [i for i, t in enumerate(turns) if t == turn]
         rng.shuffle(idx)
         size = batch_size or len(idx)
-        out.extend(idx[s:s + size] for s in range(0, len(idx), size))
+        out.extend(idx[s : s + size] for s in range(0, len(idx), size))
     return out
 
 
@@ -80,11 +80,12 @@ def optimize_batch(
     n = len(batch)
     actor_sum = value_sum = value_est = 0.0
     for start in range(0, n, micro_batch_size):
-        idx = list(batch[start:start + micro_batch_size])
+        idx = list(batch[start : start + micro_batch_size])
         loss = torch.zeros(())
         if policy is not None:
-            logp, mask = policy.token_logprobs([samples.prompt_ids[i] for i in idx],
-                                               [samples.completion_ids[i] for i in idx])
+            logp, mask = policy.token_logprobs(
+                [samples.prompt_ids[i] for i in idx], [samples.completion_ids[i] for i in idx]
+            )
             adv = torch.tensor([samples.advantages[i] for i in idx], dtype=torch.float32)
             terms = actor_loss_terms(logp, mask, adv)
             actor_sum += float(terms.detach().sum())

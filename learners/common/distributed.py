@@ -127,8 +127,7 @@ class DistributedContext:
         import torch.distributed as dist
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                                     "min": dist.ReduceOp.MIN}[op])
+        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
         return tensor.cpu().tolist()
 
     def sum(self, values: Sequence[float]) -> list[float]:

@@ -60,8 +60,7 @@ class Episode:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Episode":
         turns = [
-            Turn(agents=[AgentTurn(**a) for a in t["agents"]], reward=float(t["reward"]),
-                 joint_state=t["joint_state"])
+            Turn(agents=[AgentTurn(**a) for a in t["agents"]], reward=float(t["reward"]), joint_state=t["joint_state"])
             for t in data["turns"]
         ]
         return cls(task=int(data["task"]), turns=turns, terminated=bool(data["terminated"]))
@@ -105,18 +104,17 @@ def collect_episodes(
     for turn in range(1, num_turns + 1):
         if not active:
             break
-        states = [
-            joint_state_text(envs[e], agent_names, prompts[e]) if record_joint_state else ""
-            for e in active
-        ]
+        states = [joint_state_text(envs[e], agent_names, prompts[e]) if record_joint_state else "" for e in active]
         per_agent = []
         for i, policy in enumerate(policies):
-            outs = policy.generate([prompts[e][i] for e in active], num_samples=1,
-                                   generation_config=generation_config,
-                                   seed=derive_seed(seed, turn, i))
+            outs = policy.generate(
+                [prompts[e][i] for e in active],
+                num_samples=1,
+                generation_config=generation_config,
+                seed=derive_seed(seed, turn, i),
+            )
             per_agent.append([o[0] for o in outs])
-        actions = [{agent_names[i]: per_agent[i][k].text for i in range(len(policies))}
-                   for k in range(len(active))]
+        actions = [{agent_names[i]: per_agent[i][k].text for i in range(len(policies))} for k in range(len(active))]
         results = step_many([envs[e] for e in active], actions)
         still = []
         for k, (e, (obs, rew, terms, truncs, _info)) in enumerate(zip(active, results)):

@@ -36,9 +36,12 @@ def run_episodes(
             break
         texts = []
         for i, policy in enumerate(policies):
-            outs = policy.generate([prompts[e][i] for e in active], num_samples=1,
-                                   generation_config=generation_config,
-                                   seed=derive_seed(seed, turn, i))
+            outs = policy.generate(
+                [prompts[e][i] for e in active],
+                num_samples=1,
+                generation_config=generation_config,
+                seed=derive_seed(seed, turn, i),
+            )
             texts.append([o[0].text for o in outs])
         actions = [{agent_names[i]: texts[i][k] for i in range(len(policies))} for k in range(len(active))]
         results = step_many([episodes[e] for e in active], actions)
@@ -53,7 +56,9 @@ def run_episodes(
     return rewards
 
 
-def episode_metrics(rewards: Sequence[Sequence[float]], num_turns: int, discount: float, prefix: str = "eval") -> dict[str, float]:
+def episode_metrics(
+    rewards: Sequence[Sequence[float]], num_turns: int, discount: float, prefix: str = "eval"
+) -> dict[str, float]:
     """``{prefix}/turn_{t}/reward_mean`` (over episodes that reached turn t),
     ``{prefix}/turn_{t}/expected_return`` and ``{prefix}/return_mean``."""
     out: dict[str, float] = {}

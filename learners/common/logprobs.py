@@ -39,9 +39,7 @@ def sequence_logprobs_nograd(
     """Per-token log-probs (real tokens only, 1-D per completion), without gradients."""
     out: list[torch.Tensor] = []
     for idx in _index_chunks(len(prompt_ids), micro_batch_size):
-        logp, mask = policy.token_logprobs(
-            [prompt_ids[i] for i in idx], [completion_ids[i] for i in idx]
-        )
+        logp, mask = policy.token_logprobs([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx])
         logp, mask = logp.float().cpu(), mask.bool().cpu()
         for row in range(len(idx)):
             out.append(logp[row][mask[row]])
@@ -76,17 +74,15 @@ def accumulate_gradients(
         if shared:
             starts = range(idx.start, idx.stop, group_size)
             logp, mask = shared_prefix_token_logprobs(
-                policy, [prompt_ids[s] for s in starts],
+                policy,
+                [prompt_ids[s] for s in starts],
                 [[completion_ids[i] for i in range(s, s + group_size)] for s in starts],
             )
         else:
-            logp, mask = policy.token_logprobs(
-                [prompt_ids[i] for i in idx], [completion_ids[i] for i in idx]
-            )
+            logp, mask = policy.token_logprobs([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx])
         loss = loss_fn(logp, mask, idx)
         if on_loss is not None and not on_loss(loss):
             return float("nan")
         loss.backward()
         total += float(loss.detach().item())
     return total
-

@@ -78,9 +78,11 @@ class RunOptions(BaseConfig):
     train_task_slice: str | None = option(None, help="task_slice of the training env, e.g. ':-20'")
     eval_task_slice: str | None = option(None, help="task_slice of the evaluation env, e.g. '-20:'")
     retain_freed_memory: bool = option(
-        True, help="CPU runs on glibc: keep freed memory in the process heap instead of returning it to the OS, "
-                   "so large tensors do not page-fault again every step (faster updates; resident memory stays "
-                   "near its peak until the process exits)")
+        True,
+        help="CPU runs on glibc: keep freed memory in the process heap instead of returning it to the OS, "
+        "so large tensors do not page-fault again every step (faster updates; resident memory stays "
+        "near its peak until the process exits)",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -103,8 +105,10 @@ class TeamOptions(BaseConfig):
     lora_dropout: float = option(0.0, help="LoRA dropout")
     dtype: str = option("fp32", help="weights dtype: fp32 or bf16 (bf16 suits a frozen LoRA base)")
     mixed_precision: str = option(
-        "no", help="bf16: fp32 weights and optimizer state, forward passes under bf16 autocast "
-        "(fast on GPUs and AMX CPUs); with lora the frozen base is stored in bf16")
+        "no",
+        help="bf16: fp32 weights and optimizer state, forward passes under bf16 autocast "
+        "(fast on GPUs and AMX CPUs); with lora the frozen base is stored in bf16",
+    )
     device: str | None = option(None, help="device for every agent (None: CUDA when present)")
 
     def validate(self) -> None:
@@ -119,10 +123,14 @@ class TeamOptions(BaseConfig):
             raise ConfigError(f"option 'dtype' must be 'fp32' or 'bf16', got {self.dtype!r}", "dtype")
         if self.mixed_precision not in ("no", "bf16"):
             raise ConfigError(
-                f"option 'mixed_precision' must be 'no' or 'bf16', got {self.mixed_precision!r}", "mixed_precision")
+                f"option 'mixed_precision' must be 'no' or 'bf16', got {self.mixed_precision!r}", "mixed_precision"
+            )
         if self.mixed_precision != "no" and self.dtype != "fp32":
-            raise ConfigError("option 'mixed_precision' keeps fp32 master weights: set dtype=fp32, "
-                              "or mixed_precision=no to train bf16 weights", "mixed_precision")
+            raise ConfigError(
+                "option 'mixed_precision' keeps fp32 master weights: set dtype=fp32, "
+                "or mixed_precision=no to train bf16 weights",
+                "mixed_precision",
+            )
 
 
 def check_training_loop(config: Any) -> None:

@@ -59,8 +59,8 @@ def _left_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor,
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for k, row in enumerate(rows):
         if len(row):
-            ids[k, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
-            mask[k, width - len(row):] = 1
+            ids[k, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+            mask[k, width - len(row) :] = 1
     return ids, mask
 
 
@@ -101,7 +101,7 @@ def shared_prefix_token_logprobs(
     common = min(common, shortest - own)
     if common < MIN_COMMON_PREFIX:
         common = 0
-    ids_p, mask_p = _left_padded([p[common: len(p) - 1 if shift else len(p)] for p in prompt_ids], pad)
+    ids_p, mask_p = _left_padded([p[common : len(p) - 1 if shift else len(p)] for p in prompt_ids], pad)
     targets = torch.full((rows, width_c), pad, dtype=torch.long)
     # unshifted, the completion rows are fed their own tokens
     inputs_c = torch.full((rows, width_c), pad, dtype=torch.long) if shift else targets
@@ -112,7 +112,7 @@ def shared_prefix_token_logprobs(
             mask_c[r, : len(c)] = 1
             if shift:
                 inputs_c[r, 0] = prompt_ids[r // g][-1]
-                inputs_c[r, 1: len(c)] = targets[r, : len(c) - 1]
+                inputs_c[r, 1 : len(c)] = targets[r, : len(c) - 1]
     shared_ids = torch.as_tensor(list(prompt_ids[0][:common]), dtype=torch.long)
     ids_p, mask_p, inputs_c, targets, mask_c = (t.to(device) for t in (ids_p, mask_p, inputs_c, targets, mask_c))
 
@@ -130,22 +130,36 @@ def shared_prefix_token_logprobs(
         emb_shared, emb_p, emb_c = torch.split(embeds, [common, ids_p.numel(), inputs_c.numel()])
         cache = None
         if common:  # the groups' common beginning, once for all of them
-            out_0 = model(inputs_embeds=emb_shared[None], attention_mask=torch.ones(1, common, dtype=torch.long,
-                                                                                  device=device),
-                          position_ids=torch.arange(common, device=device)[None], use_cache=True, **keep)
+            out_0 = model(
+                inputs_embeds=emb_shared[None],
+                attention_mask=torch.ones(1, common, dtype=torch.long, device=device),
+                position_ids=torch.arange(common, device=device)[None],
+                use_cache=True,
+                **keep,
+            )
             cache = _returned_cache(out_0)
             cache.batch_repeat_interleave(groups)
             mask_p = torch.cat([torch.ones(groups, common, dtype=mask_p.dtype, device=device), mask_p], dim=1)
         width_rest = ids_p.shape[1]
-        out_p = model(inputs_embeds=emb_p.reshape(groups, width_rest, -1), attention_mask=mask_p,
-                      position_ids=padded_position_ids(mask_p)[:, mask_p.shape[1] - width_rest:],
-                      use_cache=True, **keep, **({cache_kw: cache} if cache is not None else {}))
+        out_p = model(
+            inputs_embeds=emb_p.reshape(groups, width_rest, -1),
+            attention_mask=mask_p,
+            position_ids=padded_position_ids(mask_p)[:, mask_p.shape[1] - width_rest :],
+            use_cache=True,
+            **keep,
+            **({cache_kw: cache} if cache is not None else {}),
+        )
         cache = _returned_cache(out_p)
         cache.batch_repeat_interleave(g)
         full_mask = torch.cat([mask_p.repeat_interleave(g, dim=0), mask_c], dim=1)
-        positions = padded_position_ids(full_mask)[:, mask_p.shape[1]:]
-        out_c = model(inputs_embeds=emb_c.reshape(rows, width_c, -1), attention_mask=full_mask,
-                      position_ids=positions, use_cache=True, **{cache_kw: cache})
+        positions = padded_position_ids(full_mask)[:, mask_p.shape[1] :]
+        out_c = model(
+            inputs_embeds=emb_c.reshape(rows, width_c, -1),
+            attention_mask=full_mask,
+            position_ids=positions,
+            use_cache=True,
+            **{cache_kw: cache},
+        )
     if shift:
         logits = out_c.logits.float()
     else:  # the prompt pass's last position predicts completion token 0

@@ -14,16 +14,22 @@ import pathlib
 import random
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from comlrl_core.policy import GenerationConfig
 from comlrl_core.run.checkpoint import latest_checkpoint, load_checkpoint
 from comlrl_core.run.metrics import plot_metric
-from comlrl_core.policy import GenerationConfig
 from comlrl_core.run.progress import progress, set_postfix
 from learners.common.evaluation import episode_metrics, run_episodes
 from learners.common.seeding import derive_seed
 from learners.common.setup import num_tasks
 
 __all__ = [
-    "TaskItemTraining", "TrainerCommon", "add_rank_files", "agent_entries", "load_own_checkpoint", "planned_items", "rank_file_to_read",
+    "TaskItemTraining",
+    "TrainerCommon",
+    "add_rank_files",
+    "agent_entries",
+    "load_own_checkpoint",
+    "planned_items",
+    "rank_file_to_read",
     "shuffled_task",
 ]
 
@@ -38,9 +44,12 @@ class TrainerCommon:
     def generation_config(self, temperature: float | None = None) -> GenerationConfig:
         """Sampling settings from the config (``temperature`` overrides it, e.g. for evaluation)."""
         c = self.config
-        return GenerationConfig(max_new_tokens=c.max_new_tokens,
-                                temperature=c.temperature if temperature is None else temperature,
-                                top_p=c.top_p, top_k=c.top_k or 0)
+        return GenerationConfig(
+            max_new_tokens=c.max_new_tokens,
+            temperature=c.temperature if temperature is None else temperature,
+            top_p=c.top_p,
+            top_k=c.top_k or 0,
+        )
 
     def _plot_reward_curve(self, keys: Iterable[str]) -> pathlib.Path | None:
         """``reward_curve.png`` of the ``keys`` logged so far (None: none logged, or no matplotlib)."""
@@ -48,13 +57,15 @@ class TrainerCommon:
         if not keys:
             return None
         try:
-            return plot_metric(self.logger.metrics_path, keys, self.run_dir / "reward_curve.png",
-                               title=f"{self.algorithm_name} reward")
+            return plot_metric(
+                self.logger.metrics_path, keys, self.run_dir / "reward_curve.png", title=f"{self.algorithm_name} reward"
+            )
         except ImportError:
             return None
 
-    def _evaluate_episodes(self, num_turns: int, discount: float, seed: int,
-                           prepare: Callable[[], None] | None = None) -> dict[str, float]:
+    def _evaluate_episodes(
+        self, num_turns: int, discount: float, seed: int, prepare: Callable[[], None] | None = None
+    ) -> dict[str, float]:
         """Play ``eval_num_samples`` evaluation tasks (one episode each) and log ``eval/...``.
 
         The evaluation env is built on first use (``eval_task_slice``; None: the training
@@ -68,9 +79,15 @@ class TrainerCommon:
             return {}
         if prepare is not None:
             prepare()
-        rewards = run_episodes(self._eval_env, list(range(count)), self.policies, self.agent_names,
-                               num_turns=num_turns, generation_config=self.generation_config(c.eval_temperature),
-                               seed=seed)
+        rewards = run_episodes(
+            self._eval_env,
+            list(range(count)),
+            self.policies,
+            self.agent_names,
+            num_turns=num_turns,
+            generation_config=self.generation_config(c.eval_temperature),
+            seed=seed,
+        )
         metrics = episode_metrics(rewards, num_turns, discount)
         self._log(metrics)
         return metrics
@@ -92,8 +109,13 @@ class TaskItemTraining:
         c = self.config
         end = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
         last: dict[str, float] = {}
-        bar = progress(total=self.total_steps, initial=self.global_step, desc=self.algorithm_name,
-                       disable=None if c.progress_bar is None else not c.progress_bar, unit="task")
+        bar = progress(
+            total=self.total_steps,
+            initial=self.global_step,
+            desc=self.algorithm_name,
+            disable=None if c.progress_bar is None else not c.progress_bar,
+            unit="task",
+        )
         try:
             while self.global_step < end:
                 if c.eval_interval and self.global_step % c.eval_interval == 0:
@@ -131,9 +153,14 @@ def agent_entries(items: Sequence[Any]) -> dict[str, Any]:
     return {f"agent_{i}": item for i, item in enumerate(items)}
 
 
-def load_own_checkpoint(run_dir: pathlib.Path, directory: str | pathlib.Path | None, algorithm_name: str, *,
-                        policies: Mapping[str, Any], optimizers: Mapping[str, Any] | None = None,
-                        ) -> tuple[pathlib.Path, dict[str, Any]]:
+def load_own_checkpoint(
+    run_dir: pathlib.Path,
+    directory: str | pathlib.Path | None,
+    algorithm_name: str,
+    *,
+    policies: Mapping[str, Any],
+    optimizers: Mapping[str, Any] | None = None,
+) -> tuple[pathlib.Path, dict[str, Any]]:
     """Load ``directory`` (None: the latest complete checkpoint under ``run_dir/checkpoints``)
     into ``policies`` / ``optimizers``; return its path and cursor.
 
@@ -172,6 +199,7 @@ def rank_file_to_read(distributed: Any, cursor: dict[str, Any], path: pathlib.Pa
     its rank's copy. The checkpoint must come from the same number of processes."""
     world = int(cursor.get("world_size", 1))
     if world != distributed.world_size:
-        raise ValueError(f"{path} was written by {world} process(es); resume it with {world}, "
-                         f"not {distributed.world_size}")
+        raise ValueError(
+            f"{path} was written by {world} process(es); resume it with {world}, not {distributed.world_size}"
+        )
     return _rank_name(name, distributed.rank) if distributed.enabled else name

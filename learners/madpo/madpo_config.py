@@ -22,7 +22,9 @@ from learners.preference.pref_config import PreferenceConfig
 @dataclass
 class MADPOConfig(PreferenceConfig):
     dpo_beta: float = option(0.1, help="eta in the loss -log sigmoid(eta * sum_i margin_i)")
-    exclude_last_token: bool = option(False, help="leave each completion's last token out of the margins (CoMLRL parity)")
+    exclude_last_token: bool = option(
+        False, help="leave each completion's last token out of the margins (CoMLRL parity)"
+    )
     num_train_epochs: int = option(20, help="passes over the collected pairs")
     train_batch_size: int = option(2, help="pairs per optimizer step")
     save_steps: int = option(0, help="checkpoint every this many updates (0: only at the end)")

@@ -33,8 +33,9 @@ class MADPOIterTrainer(IterativeRounds, MADPOTrainer):
     algorithm_name = "MADPOIter"
     config_class = MADPOIterConfig
 
-    def __init__(self, config: MADPOIterConfig, team: Any, env: str | Callable[..., Any], *,
-                 logger: MetricsLogger | None = None) -> None:
+    def __init__(
+        self, config: MADPOIterConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+    ) -> None:
         super().__init__(config, team, env, logger=logger)
         self._init_rounds()
 

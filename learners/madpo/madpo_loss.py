@@ -100,8 +100,13 @@ def madpo_update(
     for start in range(0, len(pairs), micro_batch_size):
         chunk = pairs[start : start + micro_batch_size]
         margins = [
-            pair_margins(policy, [p.prompt_ids[i] for p in chunk], [p.winner_ids[i] for p in chunk],
-                         [p.loser_ids[i] for p in chunk], exclude_last_token)
+            pair_margins(
+                policy,
+                [p.prompt_ids[i] for p in chunk],
+                [p.winner_ids[i] for p in chunk],
+                [p.loser_ids[i] for p in chunk],
+                exclude_last_token,
+            )
             for i, policy in enumerate(policies)
         ]
         margins = [m.to(margins[0].device) for m in margins]

@@ -30,7 +30,6 @@ import random
 import time
 from typing import Any, Callable, Sequence
 
-
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
 from comlrl_core.run.progress import progress
@@ -51,15 +50,18 @@ class MADPOTrainer(PreferenceTrainerBase):
     algorithm_name = "MADPO"
     config_class = MADPOConfig
 
-    def __init__(self, config: MADPOConfig, team: Any, env: str | Callable[..., Any], *,
-                 logger: MetricsLogger | None = None) -> None:
+    def __init__(
+        self, config: MADPOConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+    ) -> None:
         self.distributed = DistributedContext.current()  # [distributed]
         super().__init__(config, team, env, logger=logger)
         self.optimizers = []
         for i, policy in enumerate(self.policies):
             params = [p for p in policy.parameters() if p.requires_grad]
             if not params:
-                raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; {self.algorithm_name} trains every agent")
+                raise ValueError(
+                    f"agent {i} ({policy.name}) has no trainable parameters; {self.algorithm_name} trains every agent"
+                )
             self.optimizers.append(adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
         # [distributed] identical replicas: rank 0's trainable weights on every process
         self.distributed.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
@@ -111,9 +113,13 @@ class MADPOTrainer(PreferenceTrainerBase):
         per_epoch = (len(pairs) + size - 1) // size
         per_epoch = int(self.distributed.max([per_epoch])[0])  # [distributed] same count everywhere
         last: dict[str, float] = {}
-        bar = progress(total=per_epoch * c.num_train_epochs, initial=self.epoch * per_epoch + self.batch_in_epoch,
-                       desc=self.algorithm_name, disable=None if c.progress_bar is None else not c.progress_bar,
-                       unit="update")
+        bar = progress(
+            total=per_epoch * c.num_train_epochs,
+            initial=self.epoch * per_epoch + self.batch_in_epoch,
+            desc=self.algorithm_name,
+            disable=None if c.progress_bar is None else not c.progress_bar,
+            unit="update",
+        )
         try:
             while self.epoch < c.num_train_epochs:
                 order = list(range(len(pairs)))
@@ -143,13 +149,24 @@ class MADPOTrainer(PreferenceTrainerBase):
                 p.train()
         # [distributed] global pair count and reward sum (a process's batch may be empty)
         count, reward_sum = self.distributed.sum([len(batch), sum(p.candidate_reward_mean for p in batch)])
-        result = madpo_update(self.policies, self.optimizers, batch, c.dpo_beta,
-                              exclude_last_token=c.exclude_last_token, micro_batch_size=c.logprob_micro_batch_size,
-                              max_grad_norm=c.max_grad_norm, pair_count=int(count), distributed=self.distributed)
+        result = madpo_update(
+            self.policies,
+            self.optimizers,
+            batch,
+            c.dpo_beta,
+            exclude_last_token=c.exclude_last_token,
+            micro_batch_size=c.logprob_micro_batch_size,
+            max_grad_norm=c.max_grad_norm,
+            pair_count=int(count),
+            distributed=self.distributed,
+        )
         self.global_step += 1
         reward_mean = reward_sum / count
-        metrics = {"turn_1/reward_mean": reward_mean, "turn_1/expected_return": reward_mean,
-                   "time/update_s": time.perf_counter() - t0}
+        metrics = {
+            "turn_1/reward_mean": reward_mean,
+            "turn_1/expected_return": reward_mean,
+            "time/update_s": time.perf_counter() - t0,
+        }
         if result.skipped:
             self.skipped_nonfinite += 1
         else:
@@ -171,9 +188,15 @@ class MADPOTrainer(PreferenceTrainerBase):
 
     # -- checkpoints ----------------------------------------------------------------
     def _cursor(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm_name, "global_step": self.global_step, "round": self.round,
-                "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                "skipped_nonfinite": self.skipped_nonfinite, "finished": self.finished}
+        return {
+            "algorithm": self.algorithm_name,
+            "global_step": self.global_step,
+            "round": self.round,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "skipped_nonfinite": self.skipped_nonfinite,
+            "finished": self.finished,
+        }
 
     def _extra_files(self) -> dict[str, bytes]:
         pairs = None if self.pairs is None else [p.to_record() for p in self.pairs]
@@ -195,13 +218,22 @@ class MADPOTrainer(PreferenceTrainerBase):
         cursor, extra = self._cursor(), self._extra_files()
         if not add_rank_files(self.distributed, cursor, extra, "pairs.json"):  # [distributed] rank 0 writes
             return pathlib.Path(path)
-        return save_checkpoint(path, policies=agent_entries(self.policies), optimizers=agent_entries(self.optimizers),
-                               cursor=cursor, extra_files=extra)
+        return save_checkpoint(
+            path,
+            policies=agent_entries(self.policies),
+            optimizers=agent_entries(self.optimizers),
+            cursor=cursor,
+            extra_files=extra,
+        )
 
     def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
         """Restore a checkpoint (default: the latest complete one under ``output_dir``)."""
-        path, cursor = load_own_checkpoint(self.run_dir, directory, self.algorithm_name,
-                                           policies=agent_entries(self.policies),
-                                           optimizers=agent_entries(self.optimizers))
+        path, cursor = load_own_checkpoint(
+            self.run_dir,
+            directory,
+            self.algorithm_name,
+            policies=agent_entries(self.policies),
+            optimizers=agent_entries(self.optimizers),
+        )
         self._restore(cursor, path)
         return path

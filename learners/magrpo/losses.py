@@ -35,9 +35,7 @@ def sequence_pg_loss(
     """
     coef = torch.as_tensor(coefficients, dtype=token_logprobs.dtype, device=token_logprobs.device)
     if coef.shape[0] != token_logprobs.shape[0]:
-        raise ValueError(
-            f"{coef.shape[0]} coefficients for {token_logprobs.shape[0]} completions"
-        )
+        raise ValueError(f"{coef.shape[0]} coefficients for {token_logprobs.shape[0]} completions")
     seq_logp = masked_sum(token_logprobs, mask.to(token_logprobs.device))
     return -(coef.detach() * seq_logp).sum()
 

@@ -25,17 +25,23 @@ import random
 import time
 from typing import Any, Callable
 
-
+from comlrl_core.policy import Policy
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
-from comlrl_core.policy import Policy
 from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
 from learners.common.optim import adamw
 from learners.common.reference import frozen_reference
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
 from learners.common.trainer_utils import (
-    TaskItemTraining, TrainerCommon, add_rank_files, agent_entries, load_own_checkpoint, planned_items, rank_file_to_read, shuffled_task,
+    TaskItemTraining,
+    TrainerCommon,
+    add_rank_files,
+    agent_entries,
+    load_own_checkpoint,
+    planned_items,
+    rank_file_to_read,
+    shuffled_task,
 )
 from learners.magrpo.advantages import compute_returns
 from learners.magrpo.groups import NodeGroup, groups_from_tree, tree_metrics
@@ -86,9 +92,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             params = [p for p in policy.parameters() if p.requires_grad]
             if not params:
                 raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; MAGRPO trains every agent")
-            self.optimizers.append(
-                adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay)
-            )
+            self.optimizers.append(adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
         # [distributed] identical replicas: rank 0's trainable weights on every process
         self.distributed = DistributedContext.current()
         self.distributed.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
@@ -131,8 +135,11 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
     @property
     def logger(self) -> MetricsLogger:
         if self._logger is None:  # [distributed] only rank 0 writes
-            self._logger = (MetricsLogger(self.run_dir, config=self.config) if self.distributed.is_main
-                            else NullLogger(self.run_dir))
+            self._logger = (
+                MetricsLogger(self.run_dir, config=self.config)
+                if self.distributed.is_main
+                else NullLogger(self.run_dir)
+            )
         return self._logger
 
     @property
@@ -159,9 +166,15 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             task = self.task_for_step(item)
             obs, _ = self.env.reset(seed=derive_seed(c.seed, _RESET, item), options={"task": task})
             tree = build_tree(
-                self.env, [obs[a] for a in self.agent_names], self.policies, self.agent_names,
-                num_generations=c.num_generations, num_turns=c.num_turns, joint_mode=c.joint_mode,
-                generation_config=self.generation_config(), seed=derive_seed(c.seed, _TREE, item),
+                self.env,
+                [obs[a] for a in self.agent_names],
+                self.policies,
+                self.agent_names,
+                num_generations=c.num_generations,
+                num_turns=c.num_turns,
+                joint_mode=c.joint_mode,
+                generation_config=self.generation_config(),
+                seed=derive_seed(c.seed, _TREE, item),
             )
             compute_returns(tree, c.discount)
         t1 = time.perf_counter()
@@ -177,16 +190,22 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
                 if size >= c.rollout_buffer_size:
                     self._flush(agent)
         last_item = min((step + 1) * dist.world_size, self.total_items)  # items done after this round
-        epoch_end = (last_item // self.num_tasks > (step * dist.world_size) // self.num_tasks
-                     or last_item == self.total_items)
+        epoch_end = (
+            last_item // self.num_tasks > (step * dist.world_size) // self.num_tasks or last_item == self.total_items
+        )
         if epoch_end:  # as CoMLRL: no group waits across an epoch boundary
             for agent in range(len(self.policies)):
                 self._flush(agent)
         self.global_step = step + 1
         metrics = tree_metrics(tree) if tree else {}
         metrics.update(self._agent_metrics())
-        metrics.update({"time/rollout_s": t1 - t0,
-                        "time/update_s": time.perf_counter() - t1, "time/step_s": time.perf_counter() - t0})
+        metrics.update(
+            {
+                "time/rollout_s": t1 - t0,
+                "time/update_s": time.perf_counter() - t1,
+                "time/step_s": time.perf_counter() - t0,
+            }
+        )
         if task is not None:
             metrics["train/task"] = float(task)
         metrics = dist.reduce_metrics(metrics)  # [distributed] means over the processes
@@ -231,13 +250,20 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
     def _update(self, agent: int, groups: list[NodeGroup], group_count: int | None = None) -> None:
         c = self.config
         result = update_agent(
-            self.policies[agent], self.optimizers[agent], groups,
-            advantage_mode=self.advantage_mode, normalize_advantage=c.normalize_advantage,
-            micro_batch_size=c.logprob_micro_batch_size, step=self.global_step, agent=agent,
+            self.policies[agent],
+            self.optimizers[agent],
+            groups,
+            advantage_mode=self.advantage_mode,
+            normalize_advantage=c.normalize_advantage,
+            micro_batch_size=c.logprob_micro_batch_size,
+            step=self.global_step,
+            agent=agent,
             reference=self.reference_policies[agent] if self.reference_policies else None,
-            reference_kl_coef=c.reference_kl_coef, skip_nonfinite=c.skip_nonfinite,
+            reference_kl_coef=c.reference_kl_coef,
+            skip_nonfinite=c.skip_nonfinite,
             max_grad_norm=c.max_grad_norm,
-            group_count=group_count, distributed=self.distributed,  # [distributed]
+            group_count=group_count,
+            distributed=self.distributed,  # [distributed]
         )
         if result.skipped:
             self.skipped_nonfinite[agent] += 1
@@ -285,8 +311,10 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         ``output_dir/checkpoints/checkpoint-<step>``)."""
         path = directory or checkpoint_path(self.run_dir / "checkpoints", self.global_step)
         cursor = {
-            "algorithm": self.algorithm_name, "global_step": self.global_step,
-            "flush_counts": self.flush_counts, "update_counts": self.update_counts,
+            "algorithm": self.algorithm_name,
+            "global_step": self.global_step,
+            "flush_counts": self.flush_counts,
+            "update_counts": self.update_counts,
             "skipped_nonfinite": self.skipped_nonfinite,
         }
         buffers = json.dumps([[g.to_dict() for g in buf] for buf in self.buffers]).encode()
@@ -295,15 +323,21 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             return pathlib.Path(path)
         return save_checkpoint(
             path,
-            policies=agent_entries(self.policies), optimizers=agent_entries(self.optimizers),
-            cursor=cursor, extra_files=extra,
+            policies=agent_entries(self.policies),
+            optimizers=agent_entries(self.optimizers),
+            cursor=cursor,
+            extra_files=extra,
         )
 
     def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
         """Restore a checkpoint (default: the latest complete one under ``output_dir``)."""
-        path, cursor = load_own_checkpoint(self.run_dir, directory, self.algorithm_name,
-                                           policies=agent_entries(self.policies),
-                                           optimizers=agent_entries(self.optimizers))
+        path, cursor = load_own_checkpoint(
+            self.run_dir,
+            directory,
+            self.algorithm_name,
+            policies=agent_entries(self.policies),
+            optimizers=agent_entries(self.optimizers),
+        )
         self.global_step = int(cursor["global_step"])
         self.flush_counts = list(cursor["flush_counts"])
         self.update_counts = list(cursor["update_counts"])

@@ -142,9 +142,7 @@ def build_tree(
             for idx in combos:
                 node.joints.append(JointAction(indices=idx))
                 clones.append(node.env.clone())
-                actions.append(
-                    {agent_names[a]: node.completions[a][g].text for a, g in enumerate(idx)}
-                )
+                actions.append({agent_names[a]: node.completions[a][g].text for a, g in enumerate(idx)})
                 owners.append(node.joints[-1])
             if not keep_envs:
                 node.env = None

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from comlrl_core.policy import Policy
 from comlrl_core.models.tokens import k3_kl
+from comlrl_core.policy import Policy
 from learners.common.distributed import DistributedContext
 from learners.common.logprobs import accumulate_gradients, sequence_logprobs_nograd
 from learners.magrpo.advantages import group_advantages

@@ -10,7 +10,16 @@ from learners.marlhf.reward_model import JointRewardModel, bradley_terry_loss, j
 TRAINERS = {"marlhf": (MARLHFConfig, MARLHFTrainer), "marlhf_iter": (MARLHFIterConfig, MARLHFIterTrainer)}
 
 __all__ = [
-    "JointRewardModel", "MARLHFConfig", "MARLHFIterConfig", "MARLHFIterTrainer", "MARLHFTrainer",
-    "RewardModelEnv", "RewardModelOracle", "RewardSwitch", "TRAINERS", "bradley_terry_loss", "joint_text",
+    "JointRewardModel",
+    "MARLHFConfig",
+    "MARLHFIterConfig",
+    "MARLHFIterTrainer",
+    "MARLHFTrainer",
+    "RewardModelEnv",
+    "RewardModelOracle",
+    "RewardSwitch",
+    "TRAINERS",
+    "bradley_terry_loss",
+    "joint_text",
     "reward_model_env_factory",
 ]

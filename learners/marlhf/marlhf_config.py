@@ -38,7 +38,9 @@ class MARLHFConfig(PreferenceConfig):
     reward_freeze_backbone: bool = option(False, help="train only the scalar head")
     # -- RL backend ---------------------------------------------------------------------
     rl_algorithm: str = option("magrpo", help="magrpo | mareinforce | marloo | maremax | maac | iac")
-    num_generations: int = option(4, help="MAGRPO family: responses per agent per task; actor-critic: episodes per task")
+    num_generations: int = option(
+        4, help="MAGRPO family: responses per agent per task; actor-critic: episodes per task"
+    )
     num_train_epochs: int = option(1, help="RL passes over the training tasks")
     max_steps: int | None = option(None, help="RL: stop after this many task items (None: all epochs)")
     rollout_buffer_size: int = option(2, help="RL rollout buffer size (see the backend's config)")
@@ -46,7 +48,9 @@ class MARLHFConfig(PreferenceConfig):
     reference_kl_coef: float = option(0.0, help="MAGRPO family: k3 KL to the policy at RL start (0: off)")
     critic_type: Literal["v", "q"] = option("v", help="actor-critic: V(h) or Q(h, a)")
     critic_model: str | None = option(None, help="actor-critic: separate critic model source (None: agent 0's)")
-    critic_learning_rate: float | None = option(None, help="actor-critic: critic learning rate (None: agent_learning_rate)")
+    critic_learning_rate: float | None = option(
+        None, help="actor-critic: critic learning rate (None: agent_learning_rate)"
+    )
     use_separate_critic: bool = option(True, help="iac: separate critic models (False: value heads)")
     value_loss_coef: float = option(0.6, help="actor-critic: weight of the critic loss")
     value_clip_range: float | None = option(0.2, help="actor-critic: value clipping (None: off)")
@@ -64,12 +68,18 @@ class MARLHFConfig(PreferenceConfig):
         check_training_loop(self)
         check_positive("reference_kl_coef", self.reference_kl_coef, allow_zero=True)
         if self.rl_algorithm in MAGRPO_FAMILY and self.num_generations < 2:
-            raise ConfigError(f"rl_algorithm={self.rl_algorithm!r} needs num_generations >= 2 (a group baseline), "
-                              f"got {self.num_generations}", "num_generations")
+            raise ConfigError(
+                f"rl_algorithm={self.rl_algorithm!r} needs num_generations >= 2 (a group baseline), "
+                f"got {self.num_generations}",
+                "num_generations",
+            )
         check_positive("num_generations", self.num_generations)
         if self.rl_algorithm in ACTOR_CRITIC and self.reference_kl_coef > 0:
-            raise ConfigError(f"reference_kl_coef is honoured by the MAGRPO family only; rl_algorithm="
-                              f"{self.rl_algorithm!r} has no reference term. Set reference_kl_coef=0", "reference_kl_coef")
+            raise ConfigError(
+                f"reference_kl_coef is honoured by the MAGRPO family only; rl_algorithm="
+                f"{self.rl_algorithm!r} has no reference term. Set reference_kl_coef=0",
+                "reference_kl_coef",
+            )
         check_positive("value_loss_coef", self.value_loss_coef)
         if self.value_clip_range is not None:
             check_positive("value_clip_range", self.value_clip_range)

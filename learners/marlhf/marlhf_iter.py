@@ -30,7 +30,8 @@ class MARLHFIterConfig(IterativeOptions, MARLHFConfig):
     num_train_epochs: int = option(2, help="RL passes over the training tasks, per round")
     reward_num_train_epochs: int = option(2, help="Bradley-Terry epochs per round")
     preference_scoring_reward: Literal["task", "reward_model"] = option(
-        "task", help="what scores candidates: the task reward, or the latest reward model")
+        "task", help="what scores candidates: the task reward, or the latest reward model"
+    )
     output_dir: str = option("runs/marlhf_iter", help="run folder: metrics, checkpoints, replay files, rl/")
 
 
@@ -38,8 +39,9 @@ class MARLHFIterTrainer(IterativeRounds, MARLHFTrainer):
     algorithm_name = "MARLHFIter"
     config_class = MARLHFIterConfig
 
-    def __init__(self, config: MARLHFIterConfig, team: Any, env: str | Callable[..., Any], *,
-                 logger: MetricsLogger | None = None) -> None:
+    def __init__(
+        self, config: MARLHFIterConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+    ) -> None:
         super().__init__(config, team, env, logger=logger)
         self._init_rounds()
 

@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.config.options import field_types
+from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
 from learners.common.seeding import derive_seed
 from learners.common.trainer_utils import agent_entries, load_own_checkpoint
@@ -38,12 +38,40 @@ _FIT = 21
 
 # Options copied from the MARLHF config into the backend's config when it has them.
 _SHARED_OPTIONS = (
-    "num_generations", "num_train_epochs", "max_steps", "rollout_buffer_size", "train_batch_size",
-    "reference_kl_coef", "critic_type", "critic_model", "critic_learning_rate", "use_separate_critic",
-    "value_loss_coef", "value_clip_range", "agent_learning_rate", "weight_decay", "max_grad_norm",
-    "logprob_micro_batch_size", "max_new_tokens", "temperature", "top_p", "top_k", "eval_interval",
-    "eval_num_samples", "eval_temperature", "logging_steps", "seed", "progress_bar", "env_kwargs",
-    "train_task_slice", "eval_task_slice", "lora", "lora_r", "lora_alpha", "lora_dropout", "device",
+    "num_generations",
+    "num_train_epochs",
+    "max_steps",
+    "rollout_buffer_size",
+    "train_batch_size",
+    "reference_kl_coef",
+    "critic_type",
+    "critic_model",
+    "critic_learning_rate",
+    "use_separate_critic",
+    "value_loss_coef",
+    "value_clip_range",
+    "agent_learning_rate",
+    "weight_decay",
+    "max_grad_norm",
+    "logprob_micro_batch_size",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "eval_interval",
+    "eval_num_samples",
+    "eval_temperature",
+    "logging_steps",
+    "seed",
+    "progress_bar",
+    "env_kwargs",
+    "train_task_slice",
+    "eval_task_slice",
+    "lora",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "device",
 )
 
 
@@ -71,8 +99,9 @@ class MARLHFTrainer(PreferenceTrainerBase):
     algorithm_name = "MARLHF"
     config_class = MARLHFConfig
 
-    def __init__(self, config: MARLHFConfig, team: Any, env: str | Callable[..., Any], *,
-                 logger: MetricsLogger | None = None) -> None:
+    def __init__(
+        self, config: MARLHFConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+    ) -> None:
         super().__init__(config, team, env, logger=logger)
         self.reward_model: JointRewardModel | None = None
         self.reward_switch = RewardSwitch(self._score_with_reward_model)
@@ -89,9 +118,13 @@ class MARLHFTrainer(PreferenceTrainerBase):
     def new_reward_model(self) -> JointRewardModel:
         c = self.config
         device = c.reward_model_device or str(getattr(self.policies[0], "device", "cpu"))
-        return JointRewardModel.from_source(c.reward_model_name or _model_source(self.policies[0]), device=device,
-                                            freeze_backbone=c.reward_freeze_backbone, max_length=c.reward_max_length,
-                                            agent_names=self.agent_names)
+        return JointRewardModel.from_source(
+            c.reward_model_name or _model_source(self.policies[0]),
+            device=device,
+            freeze_backbone=c.reward_freeze_backbone,
+            max_length=c.reward_max_length,
+            agent_names=self.agent_names,
+        )
 
     def fit_reward_model(self, pairs: list[PreferencePair], round_: int = 0) -> dict[str, float]:
         """Replace the reward model by a fresh one fitted on ``pairs``; returns its metrics."""
@@ -100,12 +133,21 @@ class MARLHFTrainer(PreferenceTrainerBase):
         torch.manual_seed(derive_seed(c.seed, _FIT, round_))  # the head's initialisation
         self.reward_model = None
         model = self.new_reward_model()
-        result = model.fit(pairs, epochs=c.reward_num_train_epochs, batch_size=c.reward_train_batch_size,
-                           learning_rate=c.reward_learning_rate, seed=derive_seed(c.seed, _FIT, round_, 1))
+        result = model.fit(
+            pairs,
+            epochs=c.reward_num_train_epochs,
+            batch_size=c.reward_train_batch_size,
+            learning_rate=c.reward_learning_rate,
+            seed=derive_seed(c.seed, _FIT, round_, 1),
+        )
         model.requires_grad_(False)
         self.reward_model = model
-        return {"reward_model/loss": result.loss, "reward_model/accuracy": result.accuracy,
-                "reward_model/steps": float(result.steps), "time/reward_model_s": time.perf_counter() - t0}
+        return {
+            "reward_model/loss": result.loss,
+            "reward_model/accuracy": result.accuracy,
+            "reward_model/steps": float(result.steps),
+            "time/reward_model_s": time.perf_counter() - t0,
+        }
 
     # -- RL backend -------------------------------------------------------------------
     def backend_config(self, run_dir: pathlib.Path) -> Any:
@@ -122,8 +164,9 @@ class MARLHFTrainer(PreferenceTrainerBase):
     def build_backend(self, run_dir: pathlib.Path) -> Any:
         """The RL trainer on reward-model envs; its evaluations use the task reward."""
         _, trainer_cls = backend_classes(self.config.rl_algorithm)
-        backend = trainer_cls(self.backend_config(run_dir), self.team,
-                              reward_model_env_factory(self._env_spec, self.reward_switch))
+        backend = trainer_cls(
+            self.backend_config(run_dir), self.team, reward_model_env_factory(self._env_spec, self.reward_switch)
+        )
         own_evaluate = backend.evaluate
         switch = self.reward_switch
 
@@ -184,8 +227,9 @@ class MARLHFTrainer(PreferenceTrainerBase):
         self.pairs = None if raw is None else [PreferencePair.from_record(r) for r in raw]
         if (path / "extra" / "reward_model.pt").exists():
             model = self.new_reward_model()
-            state = torch.load(io.BytesIO(read_extra_file(path, "reward_model.pt")), map_location=model.device,
-                               weights_only=True)
+            state = torch.load(
+                io.BytesIO(read_extra_file(path, "reward_model.pt")), map_location=model.device, weights_only=True
+            )
             model.load_state_dict(state)
             model.requires_grad_(False)
             self.reward_model = model
@@ -193,11 +237,13 @@ class MARLHFTrainer(PreferenceTrainerBase):
     def save_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
         """Policies, the reward model, the pairs and the cursor, atomically."""
         path = directory or checkpoint_path(self.run_dir / "checkpoints", self.global_step)
-        return save_checkpoint(path, policies=agent_entries(self.policies),
-                               cursor=self._cursor(), extra_files=self._extra_files())
+        return save_checkpoint(
+            path, policies=agent_entries(self.policies), cursor=self._cursor(), extra_files=self._extra_files()
+        )
 
     def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
-        path, cursor = load_own_checkpoint(self.run_dir, directory, self.algorithm_name,
-                                           policies=agent_entries(self.policies))
+        path, cursor = load_own_checkpoint(
+            self.run_dir, directory, self.algorithm_name, policies=agent_entries(self.policies)
+        )
         self._restore(cursor, path)
         return path

@@ -57,15 +57,24 @@ class FitResult:
 class JointRewardModel(nn.Module):
     """``JointRewardModel(backbone, tokenizer)``; ``from_source("tiny-random")`` builds one."""
 
-    def __init__(self, backbone: nn.Module, tokenizer, *, freeze_backbone: bool = False,
-                 max_length: int | None = None, agent_names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        tokenizer,
+        *,
+        freeze_backbone: bool = False,
+        max_length: int | None = None,
+        agent_names: Sequence[str] | None = None,
+    ) -> None:
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.agent_names = list(agent_names) if agent_names is not None else None
         config = getattr(backbone, "config", None)
-        hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or getattr(config, "d_model", None)
+        hidden = (
+            getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or getattr(config, "d_model", None)
+        )
         if hidden is None:
             raise ValueError("cannot tell the backbone's hidden size (config.hidden_size / n_embd / d_model)")
         ref = next(backbone.parameters())
@@ -86,16 +95,26 @@ class JointRewardModel(nn.Module):
         return next(self.parameters()).device
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=padded_position_ids(attention_mask), output_hidden_states=True, use_cache=False)
+        out = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=padded_position_ids(attention_mask),
+            output_hidden_states=True,
+            use_cache=False,
+        )
         hidden = out.hidden_states[-1]
         rows = torch.arange(hidden.size(0), device=hidden.device)
         pooled = hidden[rows, last_real_token_index(attention_mask).to(hidden.device)]
         return self.head(pooled).squeeze(-1).float()
 
     def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        enc = self.tokenizer(list(texts), padding=True, truncation=self.max_length is not None,
-                             max_length=self.max_length, return_tensors="pt")
+        enc = self.tokenizer(
+            list(texts),
+            padding=True,
+            truncation=self.max_length is not None,
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
         return {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
 
     def score_texts(self, texts: Sequence[str]) -> torch.Tensor:
@@ -115,11 +134,21 @@ class JointRewardModel(nn.Module):
         return out
 
     def pair_texts(self, pair: PreferencePair) -> tuple[str, str]:
-        return (joint_text(pair.prompts, pair.winner_completions, self.agent_names),
-                joint_text(pair.prompts, pair.loser_completions, self.agent_names))
+        return (
+            joint_text(pair.prompts, pair.winner_completions, self.agent_names),
+            joint_text(pair.prompts, pair.loser_completions, self.agent_names),
+        )
 
-    def fit(self, pairs: Sequence[PreferencePair], *, epochs: int = 1, batch_size: int = 1, learning_rate: float = 1e-5,
-            seed: int = 0, weight_decay: float = 0.0) -> FitResult:
+    def fit(
+        self,
+        pairs: Sequence[PreferencePair],
+        *,
+        epochs: int = 1,
+        batch_size: int = 1,
+        learning_rate: float = 1e-5,
+        seed: int = 0,
+        weight_decay: float = 0.0,
+    ) -> FitResult:
         """Bradley-Terry training on ``pairs`` (seeded shuffles); the model is left in eval mode."""
         if not pairs:
             raise ValueError("a reward model needs at least one preference pair to fit")
@@ -136,7 +165,7 @@ class JointRewardModel(nn.Module):
                 batch = [pairs[i] for i in order[start : start + batch_size]]
                 texts = [self.pair_texts(p) for p in batch]
                 scores = self.score_texts([w for w, _ in texts] + [l for _, l in texts])
-                loss = bradley_terry_loss(scores[: len(batch)], scores[len(batch):])
+                loss = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

@@ -6,6 +6,15 @@ from learners.preference.records import PreferencePair, read_round, write_round
 from learners.preference.replay import ReplayBuffer, apportion, draw_from_round, lambda_weights
 
 __all__ = [
-    "Comparison", "PAIR_SELECTIONS", "PreferencePair", "ReplayBuffer", "apportion", "draw_from_round",
-    "lambda_weights", "read_round", "select_comparisons", "select_pairs", "write_round",
+    "Comparison",
+    "PAIR_SELECTIONS",
+    "PreferencePair",
+    "ReplayBuffer",
+    "apportion",
+    "draw_from_round",
+    "lambda_weights",
+    "read_round",
+    "select_comparisons",
+    "select_pairs",
+    "write_round",
 ]

@@ -66,7 +66,9 @@ def completion_ids(policy: Policy, text: str) -> list[int]:
     return ids + [int(eos[0])]
 
 
-def with_token_ids(pair: PreferencePair, policies: Sequence[Policy], target_ids: TaskCandidates | None = None) -> PreferencePair:
+def with_token_ids(
+    pair: PreferencePair, policies: Sequence[Policy], target_ids: TaskCandidates | None = None
+) -> PreferencePair:
     """``pair`` with token ids for every agent (tokenising whatever has only text)."""
     if pair.has_token_ids:
         return pair
@@ -77,7 +79,11 @@ def with_token_ids(pair: PreferencePair, policies: Sequence[Policy], target_ids:
 
 
 def pairs_against(
-    target: TaskCandidates, comparator: TaskCandidates, mode: str, limit: int | None, rng: random.Random,
+    target: TaskCandidates,
+    comparator: TaskCandidates,
+    mode: str,
+    limit: int | None,
+    rng: random.Random,
     policies: Sequence[Policy] | None = None,
 ) -> list[PreferencePair]:
     """Same-index comparisons of target and comparator candidates as pairs. With
@@ -97,18 +103,20 @@ def pairs_against(
     for comp in select_comparisons(target.rewards, comparator.rewards, mode, limit, rng):
         t, c = target.candidates[comp.index], comparator.candidates[comp.index]
         (win, win_own), (lose, lose_own) = ((t, True), (c, False)) if comp.target_wins else ((c, False), (t, True))
-        out.append(PreferencePair(
-            prompts=list(target.prompts),
-            winner_completions=list(win.completions),
-            loser_completions=list(lose.completions),
-            winner_reward=float(win.reward),
-            loser_reward=float(lose.reward),
-            candidate_reward_mean=float(mean),
-            raw_rewards=[float(win.raw_reward), float(lose.raw_reward)],
-            target_raw_reward=float(t.raw_reward),
-            comparator_raw_reward=float(c.raw_reward),
-            prompt_ids=None if prompt_ids is None else [list(x) for x in prompt_ids],
-            winner_ids=None if policies is None else ids_of(win, win_own),
-            loser_ids=None if policies is None else ids_of(lose, lose_own),
-        ))
+        out.append(
+            PreferencePair(
+                prompts=list(target.prompts),
+                winner_completions=list(win.completions),
+                loser_completions=list(lose.completions),
+                winner_reward=float(win.reward),
+                loser_reward=float(lose.reward),
+                candidate_reward_mean=float(mean),
+                raw_rewards=[float(win.raw_reward), float(lose.raw_reward)],
+                target_raw_reward=float(t.raw_reward),
+                comparator_raw_reward=float(c.raw_reward),
+                prompt_ids=None if prompt_ids is None else [list(x) for x in prompt_ids],
+                winner_ids=None if policies is None else ids_of(win, win_own),
+                loser_ids=None if policies is None else ids_of(lose, lose_own),
+            )
+        )
     return out

@@ -86,7 +86,9 @@ class TaskRewardOracle:
         return scores
 
 
-def reset_tasks(env: Any, tasks: Sequence[int], agent_names: Sequence[str], seeds: Sequence[int]) -> list[TaskCandidates]:
+def reset_tasks(
+    env: Any, tasks: Sequence[int], agent_names: Sequence[str], seeds: Sequence[int]
+) -> list[TaskCandidates]:
     """One clone of ``env`` reset on each task, with every agent's turn-1 prompt."""
     out = []
     for task, seed in zip(tasks, seeds):
@@ -108,8 +110,14 @@ def sample_candidates(
     """
     per_agent = []
     for i, policy in enumerate(policies):
-        per_agent.append(policy.generate([t.prompts[i] for t in tasks], num_samples=num_candidates,
-                                         generation_config=generation_config, seed=int(seeds[i])))
+        per_agent.append(
+            policy.generate(
+                [t.prompts[i] for t in tasks],
+                num_samples=num_candidates,
+                generation_config=generation_config,
+                seed=int(seeds[i]),
+            )
+        )
     for k, task in enumerate(tasks):
         groups = [per_agent[i][k] for i in range(len(policies))]
         task.prompt_ids = [list(g[0].prompt_token_ids) if g else [] for g in groups]

@@ -33,8 +33,10 @@ def centralized_prompt(prompts: Sequence[str], agent_names: Sequence[str]) -> st
     """One prompt asking for every role's response, each in its own tagged section."""
     roles = "\n\n".join(f"Role {i} ({name}) prompt:\n{p}" for i, (name, p) in enumerate(zip(agent_names, prompts)))
     sections = "\n".join(f"<agent_{i}>\n...\n</agent_{i}>" for i in range(len(prompts)))
-    return (f"You write the responses of {len(prompts)} cooperating roles. Answer each role's prompt "
-            f"separately.\n\n{roles}\n\nReply with exactly one section per role:\n{sections}\n")
+    return (
+        f"You write the responses of {len(prompts)} cooperating roles. Answer each role's prompt "
+        f"separately.\n\n{roles}\n\nReply with exactly one section per role:\n{sections}\n"
+    )
 
 
 def parse_centralized(text: str, num_agents: int) -> list[str] | None:
@@ -51,18 +53,30 @@ def parse_centralized(text: str, num_agents: int) -> list[str] | None:
 class Comparator:
     """Samples comparator candidates with ``policies`` (one per agent)."""
 
-    def __init__(self, policies: Sequence[Policy], agent_names: Sequence[str], *,
-                 centralized_index: int | None = None, kind: str = "current") -> None:
+    def __init__(
+        self,
+        policies: Sequence[Policy],
+        agent_names: Sequence[str],
+        *,
+        centralized_index: int | None = None,
+        kind: str = "current",
+    ) -> None:
         self.policies = list(policies)
         self.agent_names = list(agent_names)
         self.centralized_index = centralized_index
         self.kind = kind
         if centralized_index is not None and not 0 <= centralized_index < len(self.policies):
-            raise ValueError(f"comparator_centralized_agent_index={centralized_index} but there are "
-                             f"{len(self.policies)} agents")
+            raise ValueError(
+                f"comparator_centralized_agent_index={centralized_index} but there are {len(self.policies)} agents"
+            )
 
-    def sample(self, tasks: Sequence[TaskCandidates], num_candidates: int, generation_config: GenerationConfig,
-               seeds: Sequence[int]) -> int:
+    def sample(
+        self,
+        tasks: Sequence[TaskCandidates],
+        num_candidates: int,
+        generation_config: GenerationConfig,
+        seeds: Sequence[int],
+    ) -> int:
         """Fill ``tasks[*].candidates`` (text only); returns how many candidates were dropped."""
         if self.centralized_index is None:
             sample_candidates(tasks, self.policies, num_candidates, generation_config, seeds)
@@ -73,8 +87,12 @@ class Comparator:
             return 0
         policy = self.policies[self.centralized_index]
         prompts = [centralized_prompt(t.prompts, self.agent_names) for t in tasks]
-        outs = policy.generate(prompts, num_samples=num_candidates, generation_config=generation_config,
-                               seed=int(seeds[self.centralized_index]))
+        outs = policy.generate(
+            prompts,
+            num_samples=num_candidates,
+            generation_config=generation_config,
+            seed=int(seeds[self.centralized_index]),
+        )
         dropped = 0
         for task, group in zip(tasks, outs):
             task.prompt_ids = None
@@ -107,7 +125,9 @@ def frozen_copies(policies: Sequence[Policy], devices: Sequence[str] | None = No
 
 def check_devices(devices: Sequence[str] | None, num_agents: int) -> None:
     if devices is not None and len(devices) not in (1, num_agents):
-        raise ValueError(f"comparator_devices names {len(devices)} devices for {num_agents} agents; give one or one per agent")
+        raise ValueError(
+            f"comparator_devices names {len(devices)} devices for {num_agents} agents; give one or one per agent"
+        )
 
 
 def load_model_policies(sources: Sequence[str], devices: Sequence[str] | None) -> list[Policy]:
@@ -126,13 +146,17 @@ def load_model_policies(sources: Sequence[str], devices: Sequence[str] | None) -
 
 def api_policy(config: Any, max_new_tokens: int) -> Policy:
     """A RemotePolicy from the ``comparator_api_*`` options of an iterative config."""
-    from comlrl_core.remote.client import RemoteModelConfig
     from comlrl_core.models.simple_policies import RemotePolicy
+    from comlrl_core.remote.client import RemoteModelConfig
 
     remote = RemoteModelConfig(
-        format=config.comparator_api_format, model=config.comparator_api_model, base_url=config.comparator_api_url,
-        api_key_env=config.comparator_api_key_env, timeout_s=config.comparator_api_timeout,
-        response_field=config.comparator_api_response_field, extra_headers=config.comparator_api_headers,
+        format=config.comparator_api_format,
+        model=config.comparator_api_model,
+        base_url=config.comparator_api_url,
+        api_key_env=config.comparator_api_key_env,
+        timeout_s=config.comparator_api_timeout,
+        response_field=config.comparator_api_response_field,
+        extra_headers=config.comparator_api_headers,
         max_tokens=max_new_tokens,
     )
     return RemotePolicy(remote, name=f"comparator:{config.comparator_api_model}")

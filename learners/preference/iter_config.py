@@ -38,24 +38,37 @@ class IterativeOptions(BaseConfig):
     pair_selection: str = option("comparator_reward", help="comparator_reward | reward_gap | random | all")
     # -- replay -----------------------------------------------------------------------
     preference_replay_mode: Literal["current", "nearest_k", "all_history", "lambda_decay"] = option(
-        "current", help="which stored rounds a round trains on")
+        "current", help="which stored rounds a round trains on"
+    )
     preference_replay_k: int | None = option(None, help="nearest_k: the latest k non-empty rounds")
     preference_replay_lambda: float | None = option(None, help="lambda_decay: a round of age a weighs lambda**a")
     preference_replay_sample_size: int | None = option(
-        None, help="pairs drawn by the historical modes (None: this round's pair count)")
+        None, help="pairs drawn by the historical modes (None: this round's pair count)"
+    )
     preference_replay_dir: str | None = option(None, help="round files folder (None: output_dir/preference_replay)")
-    policy_checkpoint_dir: str | None = option(None, help="history comparator checkpoints (None: output_dir/policy_checkpoints)")
+    policy_checkpoint_dir: str | None = option(
+        None, help="history comparator checkpoints (None: output_dir/policy_checkpoints)"
+    )
     # -- comparator -------------------------------------------------------------------
     comparator_policy: str = option("current", help="current | current_copy | model | history | api")
     comparator_generation_mode: Literal["decentralized", "centralized"] = option(
-        "decentralized", help="centralized: one comparator writes every role in one response")
+        "decentralized", help="centralized: one comparator writes every role in one response"
+    )
     comparator_centralized_agent_index: int = option(0, help="centralized: which agent's comparator writes")
     comparator_model_name: str | None = option(None, help="model: one model source for every comparator agent")
     comparator_agents: list[str] | None = option(None, help="model: one model source per agent")
-    comparator_devices: list[str] | None = option(None, help="current_copy / model / history: one device, or one per agent")
-    comparator_num_candidates: int | None = option(None, help="comparator candidates per task (None: preference_num_candidates)")
-    comparator_history_k: int | None = option(None, help="history: compare against the policy of k rounds back (None: 1)")
-    comparator_api_url: str | None = option(None, help="api: API root (openai/anthropic/openai_responses) or full URL (generic)")
+    comparator_devices: list[str] | None = option(
+        None, help="current_copy / model / history: one device, or one per agent"
+    )
+    comparator_num_candidates: int | None = option(
+        None, help="comparator candidates per task (None: preference_num_candidates)"
+    )
+    comparator_history_k: int | None = option(
+        None, help="history: compare against the policy of k rounds back (None: 1)"
+    )
+    comparator_api_url: str | None = option(
+        None, help="api: API root (openai/anthropic/openai_responses) or full URL (generic)"
+    )
     comparator_api_format: str = option("generic", help="api: generic | openai | anthropic | openai_responses")
     comparator_api_model: str | None = option(None, help="api: model name sent to the endpoint")
     comparator_api_key_env: str | None = option(None, help="api: NAME of the environment variable holding the key")
@@ -67,28 +80,39 @@ class IterativeOptions(BaseConfig):
         super().validate()
         check_positive("num_iterations", self.num_iterations)
         try:
-            check_replay_options(self.preference_replay_mode, self.preference_replay_k,
-                                 self.preference_replay_lambda, self.preference_replay_sample_size)
+            check_replay_options(
+                self.preference_replay_mode,
+                self.preference_replay_k,
+                self.preference_replay_lambda,
+                self.preference_replay_sample_size,
+            )
         except ValueError as err:
             raise ConfigError(str(err)) from None
         check_in("comparator_policy", self.comparator_policy, COMPARATOR_POLICIES)
         policy = self.comparator_policy
         if policy != "history" and self.comparator_history_k is not None:
-            raise ConfigError("comparator_history_k is only used with comparator_policy='history'; remove it",
-                              "comparator_history_k")
+            raise ConfigError(
+                "comparator_history_k is only used with comparator_policy='history'; remove it", "comparator_history_k"
+            )
         if policy == "history" and self.comparator_history_k is not None:
             check_positive("comparator_history_k", self.comparator_history_k)
         if policy == "model":
             if self.comparator_model_name is None and not self.comparator_agents:
-                raise ConfigError("comparator_policy='model' needs comparator_model_name (one model for all) or "
-                                  "comparator_agents (one per agent)", "comparator_model_name")
+                raise ConfigError(
+                    "comparator_policy='model' needs comparator_model_name (one model for all) or "
+                    "comparator_agents (one per agent)",
+                    "comparator_model_name",
+                )
         elif self.comparator_model_name is not None or self.comparator_agents is not None:
-            raise ConfigError("comparator_model_name / comparator_agents are only used with comparator_policy='model'",
-                              "comparator_model_name")
+            raise ConfigError(
+                "comparator_model_name / comparator_agents are only used with comparator_policy='model'",
+                "comparator_model_name",
+            )
         if policy == "api":
             if not self.comparator_api_url or not self.comparator_api_model:
-                raise ConfigError("comparator_policy='api' needs comparator_api_url and comparator_api_model",
-                                  "comparator_api_url")
+                raise ConfigError(
+                    "comparator_policy='api' needs comparator_api_url and comparator_api_model", "comparator_api_url"
+                )
             check_in("comparator_api_format", self.comparator_api_format, API_FORMATS)
             check_positive("comparator_api_timeout", self.comparator_api_timeout)
         if self.comparator_num_candidates is not None:

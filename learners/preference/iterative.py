@@ -30,7 +30,11 @@ from learners.common.seeding import derive_seed
 from learners.preference.build import pairs_against
 from learners.preference.candidates import Oracle, TaskCandidates, close_tasks, score_tasks
 from learners.preference.comparators import (
-    Comparator, api_policy, check_devices, frozen_copies, load_model_policies,
+    Comparator,
+    api_policy,
+    check_devices,
+    frozen_copies,
+    load_model_policies,
 )
 from learners.preference.records import PreferencePair
 from learners.preference.replay import ReplayBuffer
@@ -46,11 +50,17 @@ class IterativeRounds:
         c = self.config
         check_devices(c.comparator_devices, len(self.policies))
         if c.comparator_centralized_agent_index >= len(self.policies):
-            raise ValueError(f"comparator_centralized_agent_index={c.comparator_centralized_agent_index} but the "
-                             f"team has {len(self.policies)} agents")
-        self.replay = ReplayBuffer(c.preference_replay_dir or self.run_dir / "preference_replay",
-                                   c.preference_replay_mode, c.preference_replay_k, c.preference_replay_lambda,
-                                   c.preference_replay_sample_size)
+            raise ValueError(
+                f"comparator_centralized_agent_index={c.comparator_centralized_agent_index} but the "
+                f"team has {len(self.policies)} agents"
+            )
+        self.replay = ReplayBuffer(
+            c.preference_replay_dir or self.run_dir / "preference_replay",
+            c.preference_replay_mode,
+            c.preference_replay_k,
+            c.preference_replay_lambda,
+            c.preference_replay_sample_size,
+        )
         self.policy_checkpoint_root = pathlib.Path(c.policy_checkpoint_dir or self.run_dir / "policy_checkpoints")
         self.iteration = 0  # rounds completed
         self.comparator_dropped = 0
@@ -71,14 +81,19 @@ class IterativeRounds:
             return Comparator(self.policies, self.agent_names, centralized_index=central, kind=kind)
         if kind == "current_copy":
             self.comparator_loads += 1
-            return Comparator(frozen_copies(self.policies, c.comparator_devices), self.agent_names,
-                              centralized_index=central, kind=kind)
+            return Comparator(
+                frozen_copies(self.policies, c.comparator_devices),
+                self.agent_names,
+                centralized_index=central,
+                kind=kind,
+            )
         if kind == "history":
             if self._history_copies is None:
                 self._history_copies = frozen_copies(self.policies, c.comparator_devices)
             path = self.history_checkpoint(round_)
-            load_checkpoint(path, policies={f"agent_{i}": p for i, p in enumerate(self._history_copies)},
-                            restore_rng=False)
+            load_checkpoint(
+                path, policies={f"agent_{i}": p for i, p in enumerate(self._history_copies)}, restore_rng=False
+            )
             for p in self._history_copies:
                 for param in p.parameters():
                     param.requires_grad_(False)
@@ -110,7 +125,9 @@ class IterativeRounds:
         """After round ``round_`` (0: the initial policies); only the history comparator needs them."""
         if self.config.comparator_policy != "history":
             return None
-        return save_checkpoint(self._policy_ckpt(round_), policies={f"agent_{i}": p for i, p in enumerate(self.policies)})
+        return save_checkpoint(
+            self._policy_ckpt(round_), policies={f"agent_{i}": p for i, p in enumerate(self.policies)}
+        )
 
     # -- collection -------------------------------------------------------------------
     def preference_oracle(self) -> Oracle:
@@ -126,12 +143,22 @@ class IterativeRounds:
         for b, tasks in enumerate(self.task_batches()):
             target = self.sample_tasks(tasks, self.policies, n_target, (COLLECT, round_, b), oracle)
             others = [TaskCandidates(task=t.task, env=t.env, prompts=list(t.prompts)) for t in target]
-            dropped += comparator.sample(others, n_comp, self.generation_config(),
-                                         [derive_seed(c.seed, COMPARATOR, round_, b, i) for i in range(len(self.policies))])
+            dropped += comparator.sample(
+                others,
+                n_comp,
+                self.generation_config(),
+                [derive_seed(c.seed, COMPARATOR, round_, b, i) for i in range(len(self.policies))],
+            )
             score_tasks(oracle, others)
             for t, o in zip(target, others):
-                found = pairs_against(t, o, c.pair_selection, c.preference_pairs_per_sample,
-                                      random.Random(derive_seed(c.seed, SELECT, round_, t.task)), self.policies)
+                found = pairs_against(
+                    t,
+                    o,
+                    c.pair_selection,
+                    c.preference_pairs_per_sample,
+                    random.Random(derive_seed(c.seed, SELECT, round_, t.task)),
+                    self.policies,
+                )
                 pairs.extend(found)
                 wins += sum(_target_won(p, t) for p in found)
                 target_r.extend(t.scored_rewards())
@@ -152,14 +179,21 @@ class IterativeRounds:
     def store_and_select(self, round_: int, pairs: list[PreferencePair]) -> list[PreferencePair]:
         self.replay.add_round(round_, pairs)
         selected = self.replay.select(random.Random(derive_seed(self.config.seed, REPLAY, round_)))
-        self._log({"iter/total_preference_pairs": float(sum(r.num_pairs for r in self.replay.rounds)),
-                   "iter/train_preference_pairs": float(len(selected))})
+        self._log(
+            {
+                "iter/total_preference_pairs": float(sum(r.num_pairs for r in self.replay.rounds)),
+                "iter/train_preference_pairs": float(len(selected)),
+            }
+        )
         return selected
 
     # -- checkpoint pieces --------------------------------------------------------------
     def _rounds_cursor(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "comparator_dropped": self.comparator_dropped,
-                "replay": self.replay.state_dict()}
+        return {
+            "iteration": self.iteration,
+            "comparator_dropped": self.comparator_dropped,
+            "replay": self.replay.state_dict(),
+        }
 
     def _rounds_files(self) -> dict[str, bytes]:
         return {f"replay/{name}": data for name, data in self.replay.files().items()}
@@ -168,15 +202,20 @@ class IterativeRounds:
         self.iteration = int(cursor["iteration"])
         self.comparator_dropped = int(cursor["comparator_dropped"])
         state = cursor["replay"]
-        files = {f"iteration_{int(i):04d}.json": read_extra_file(path, f"replay/iteration_{int(i):04d}.json")
-                 for i, _ in state["rounds"]}
+        files = {
+            f"iteration_{int(i):04d}.json": read_extra_file(path, f"replay/iteration_{int(i):04d}.json")
+            for i, _ in state["rounds"]
+        }
         self.replay.load_state_dict(state, files)
 
 
 def _target_won(pair: PreferencePair, task: TaskCandidates) -> bool:
     """Whether the target side won (its raw reward is the winner's and the texts are its own)."""
-    return (pair.raw_rewards is not None and pair.raw_rewards[0] == pair.target_raw_reward
-            and pair.winner_completions in [c.completions for c in task.candidates if c is not None])
+    return (
+        pair.raw_rewards is not None
+        and pair.raw_rewards[0] == pair.target_raw_reward
+        and pair.winner_completions in [c.completions for c in task.candidates if c is not None]
+    )
 
 
 def _mean(values: list[float]) -> float:

@@ -23,11 +23,19 @@ class PreferenceConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOpti
 
     # -- episodes ---------------------------------------------------------------------
     num_turns: int = option(1, help="must be 1: preference learners are single-turn")
-    joint_mode: Literal["aligned", "cross"] = option("aligned", help="must be 'aligned': candidate i of every agent is joint response i")
+    joint_mode: Literal["aligned", "cross"] = option(
+        "aligned", help="must be 'aligned': candidate i of every agent is joint response i"
+    )
     # -- preference pairs -------------------------------------------------------------
-    preference_num_candidates: int = option(80, help="responses each agent samples per task item (joint responses per task)")
-    preference_pairs_per_sample: int | None = option(16, help="pairs kept per task item (None: all; required with pair_selection='all')")
-    pair_selection: str = option("reward_gap", help="reward_gap | random | all (iterative trainers add comparator_reward)")
+    preference_num_candidates: int = option(
+        80, help="responses each agent samples per task item (joint responses per task)"
+    )
+    preference_pairs_per_sample: int | None = option(
+        16, help="pairs kept per task item (None: all; required with pair_selection='all')"
+    )
+    pair_selection: str = option(
+        "reward_gap", help="reward_gap | random | all (iterative trainers add comparator_reward)"
+    )
     preference_max_tasks: int | None = option(None, help="collect pairs on the first N training tasks only (None: all)")
     preference_task_batch_size: int = option(8, help="task items whose candidates are generated and scored together")
     # -- optimisation, sampling, logging, checkpoints (the rest: learners.common.options)
@@ -42,19 +50,27 @@ class PreferenceConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOpti
         if self.num_turns != 1:
             raise ConfigError(
                 f"option 'num_turns' must be 1 for {type(self).__name__} (preference learners are "
-                f"single-turn), got {self.num_turns}; set num_turns=1", "num_turns")
+                f"single-turn), got {self.num_turns}; set num_turns=1",
+                "num_turns",
+            )
         if self.joint_mode != "aligned":
             raise ConfigError(
                 f"option 'joint_mode' must be 'aligned' for {type(self).__name__} (candidate i of every "
-                f"agent forms joint response i), got {self.joint_mode!r}; set joint_mode=aligned", "joint_mode")
+                f"agent forms joint response i), got {self.joint_mode!r}; set joint_mode=aligned",
+                "joint_mode",
+            )
         if self.preference_num_candidates < 2:
             raise ConfigError(
                 f"option 'preference_num_candidates' must be >= 2 (a pair needs two candidates), got "
-                f"{self.preference_num_candidates}", "preference_num_candidates")
+                f"{self.preference_num_candidates}",
+                "preference_num_candidates",
+            )
         check_in("pair_selection", self.pair_selection, self.allowed_pair_selections)
         if self.pair_selection == "all" and self.preference_pairs_per_sample is not None:
-            raise ConfigError("pair_selection='all' keeps every pair: set preference_pairs_per_sample=None "
-                              "(null in YAML)", "preference_pairs_per_sample")
+            raise ConfigError(
+                "pair_selection='all' keeps every pair: set preference_pairs_per_sample=None (null in YAML)",
+                "preference_pairs_per_sample",
+            )
         if self.preference_pairs_per_sample is not None:
             check_positive("preference_pairs_per_sample", self.preference_pairs_per_sample)
         if self.preference_max_tasks is not None:

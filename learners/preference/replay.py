@@ -44,10 +44,14 @@ def check_replay_options(mode: str, k: int | None, lam: float | None, sample_siz
         if k not in (None, 1):
             raise ValueError("preference_replay_k must be None or 1 with preference_replay_mode='current'")
         if lam is not None:
-            raise ValueError("preference_replay_lambda is only used by preference_replay_mode='lambda_decay'; remove it")
+            raise ValueError(
+                "preference_replay_lambda is only used by preference_replay_mode='lambda_decay'; remove it"
+            )
         if sample_size is not None:
-            raise ValueError("preference_replay_sample_size needs a historical preference_replay_mode "
-                             "(nearest_k, all_history, lambda_decay); remove it with 'current'")
+            raise ValueError(
+                "preference_replay_sample_size needs a historical preference_replay_mode "
+                "(nearest_k, all_history, lambda_decay); remove it with 'current'"
+            )
         return
     if mode == "nearest_k":
         if k is None or k < 1:
@@ -56,9 +60,13 @@ def check_replay_options(mode: str, k: int | None, lam: float | None, sample_siz
         raise ValueError(f"preference_replay_k is only used by preference_replay_mode='nearest_k' (mode is {mode!r})")
     if mode == "lambda_decay":
         if lam is None or not (0.0 <= lam <= 1.0) or math.isnan(lam):
-            raise ValueError(f"preference_replay_mode='lambda_decay' needs preference_replay_lambda in [0, 1], got {lam}")
+            raise ValueError(
+                f"preference_replay_mode='lambda_decay' needs preference_replay_lambda in [0, 1], got {lam}"
+            )
     elif lam is not None:
-        raise ValueError(f"preference_replay_lambda is only used by preference_replay_mode='lambda_decay' (mode is {mode!r})")
+        raise ValueError(
+            f"preference_replay_lambda is only used by preference_replay_mode='lambda_decay' (mode is {mode!r})"
+        )
     if sample_size is not None and sample_size < 1:
         raise ValueError(f"preference_replay_sample_size must be >= 1 or None, got {sample_size}")
 

@@ -12,14 +12,20 @@ import random
 import time
 from typing import Any, Callable, Sequence
 
-from comlrl_core.run.metrics import MetricsLogger
 from comlrl_core.policy import Policy
+from comlrl_core.run.metrics import MetricsLogger
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
 from learners.common.trainer_utils import TrainerCommon
 from learners.preference.build import pairs_within
 from learners.preference.candidates import (
-    Oracle, TaskCandidates, TaskRewardOracle, close_tasks, reset_tasks, sample_candidates, score_tasks,
+    Oracle,
+    TaskCandidates,
+    TaskRewardOracle,
+    close_tasks,
+    reset_tasks,
+    sample_candidates,
+    score_tasks,
 )
 from learners.preference.pref_config import PreferenceConfig
 from learners.preference.records import PreferencePair
@@ -34,8 +40,9 @@ class PreferenceTrainerBase(TrainerCommon):
     algorithm_name = "Preference"
     config_class: type = PreferenceConfig
 
-    def __init__(self, config: PreferenceConfig, team: Any, env: str | Callable[..., Any], *,
-                 logger: MetricsLogger | None = None) -> None:
+    def __init__(
+        self, config: PreferenceConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+    ) -> None:
         if not isinstance(config, self.config_class):
             raise TypeError(f"config must be a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
@@ -79,17 +86,30 @@ class PreferenceTrainerBase(TrainerCommon):
         trainers shard the batches; the others collect all of them)."""
         return True
 
-    def sample_tasks(self, tasks: Sequence[int], policies: Sequence[Policy], num_candidates: int,
-                     seed_key: Sequence[int], oracle: Oracle) -> list[TaskCandidates]:
+    def sample_tasks(
+        self,
+        tasks: Sequence[int],
+        policies: Sequence[Policy],
+        num_candidates: int,
+        seed_key: Sequence[int],
+        oracle: Oracle,
+    ) -> list[TaskCandidates]:
         """Reset, sample ``num_candidates`` joint responses per task and score them."""
         c = self.config
         batch = reset_tasks(self.env, tasks, self.agent_names, [derive_seed(c.seed, RESET, t) for t in tasks])
-        sample_candidates(batch, policies, num_candidates, self.generation_config(),
-                          [derive_seed(c.seed, *seed_key, i) for i in range(len(policies))])
+        sample_candidates(
+            batch,
+            policies,
+            num_candidates,
+            self.generation_config(),
+            [derive_seed(c.seed, *seed_key, i) for i in range(len(policies))],
+        )
         score_tasks(oracle, batch)
         return batch
 
-    def collect_pairs(self, oracle: Oracle | None = None, round_index: int = 0) -> tuple[list[PreferencePair], dict[str, float]]:
+    def collect_pairs(
+        self, oracle: Oracle | None = None, round_index: int = 0
+    ) -> tuple[list[PreferencePair], dict[str, float]]:
         """Pairs from every training task's own candidates (base trainers)."""
         c, oracle = self.config, oracle or self.task_oracle
         pairs: list[PreferencePair] = []
@@ -97,10 +117,16 @@ class PreferenceTrainerBase(TrainerCommon):
         for b, tasks in enumerate(self.task_batches()):
             if not self.owns_task_batch(b):  # [distributed] another process collects it
                 continue
-            batch = self.sample_tasks(tasks, self.policies, c.preference_num_candidates, (COLLECT, round_index, b), oracle)
+            batch = self.sample_tasks(
+                tasks, self.policies, c.preference_num_candidates, (COLLECT, round_index, b), oracle
+            )
             for task in batch:
-                found = pairs_within(task, c.pair_selection, c.preference_pairs_per_sample,
-                                     random.Random(derive_seed(c.seed, SELECT, round_index, task.task)))
+                found = pairs_within(
+                    task,
+                    c.pair_selection,
+                    c.preference_pairs_per_sample,
+                    random.Random(derive_seed(c.seed, SELECT, round_index, task.task)),
+                )
                 tasks_without += not found
                 pairs.extend(found)
                 rewards.extend(task.scored_rewards())

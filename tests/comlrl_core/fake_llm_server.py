@@ -66,9 +66,7 @@ class FakeLLMServer:
         self._closing = threading.Event()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self._thread.start()
 
     # -- addresses -------------------------------------------------------------------
@@ -170,9 +168,7 @@ class FakeLLMServer:
                         "id": f"msg_{number}",
                         "role": "assistant",
                         "status": "completed",
-                        "content": [
-                            {"type": "output_text", "text": f"{number}.0|{prompt}", "annotations": []}
-                        ],
+                        "content": [{"type": "output_text", "text": f"{number}.0|{prompt}", "annotations": []}],
                     }
                 ],
                 "parallel_tool_calls": False,

@@ -78,7 +78,11 @@ def test_bad_constructor_arguments_are_named(toy_cls, kwargs, match):
 
 # ---- stepping ------------------------------------------------------------------------------
 def test_reward_processor_scales_and_keeps_raw_in_infos(toy_cls):
-    for processor, expected in [({"scale": 2.0, "shift": -1.0}, 0.0), (RewardProcessor(3, 1), 2.5), (lambda r: -r, -0.5)]:
+    for processor, expected in [
+        ({"scale": 2.0, "shift": -1.0}, 0.0),
+        (RewardProcessor(3, 1), 2.5),
+        (lambda r: -r, -0.5),
+    ]:
         env = toy_cls(reward_processor=processor)
         env.reset(options={"task": 0})
         _, rewards, _, _, infos = env.step(HALF)
@@ -164,8 +168,12 @@ def test_custom_transition_gets_documented_arguments(toy_cls, passthrough):
         calls.append((prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent))
         return [f"next for a after {agent_completions[0]}", f"next for b after {agent_completions[1]}"]
 
-    env = toy_cls(num_turns=3, external_transition=custom, external_prompt_passthrough=passthrough,
-                  formatters={"a": lambda p: "A:" + p, "b": lambda p: "B:" + p})
+    env = toy_cls(
+        num_turns=3,
+        external_transition=custom,
+        external_prompt_passthrough=passthrough,
+        formatters={"a": lambda p: "A:" + p, "b": lambda p: "B:" + p},
+    )
     env.reset(options={"task": 3})
     obs = env.step({"a": "x1", "b": "y1"})[0]
     assert calls == [("task 3", ["x1", "y1"], 2, [["A:[a] task 3"], ["B:[b] task 3"]], [["x1"], ["y1"]])]
@@ -232,11 +240,19 @@ def test_clone_is_independent_and_shares_heavy_resources(toy_cls):
     clone = env.clone()
     assert clone.pool is env.pool and clone._split is env._split and clone.formatters is env.formatters
     assert clone.prompt_history == env.prompt_history and clone.prompt_history is not env.prompt_history
-    before = (env.turn, [list(v) for v in env.prompt_history.values()], [list(v) for v in env.response_history.values()])
+    before = (
+        env.turn,
+        [list(v) for v in env.prompt_history.values()],
+        [list(v) for v in env.response_history.values()],
+    )
     clone.step({"a": "three", "b": "four"})
     clone.step(GOOD)
     assert clone.agents == [] and env.agents == ["a", "b"]
-    assert (env.turn, [list(v) for v in env.prompt_history.values()], [list(v) for v in env.response_history.values()]) == before
+    assert (
+        env.turn,
+        [list(v) for v in env.prompt_history.values()],
+        [list(v) for v in env.response_history.values()],
+    ) == before
     # the original goes on exactly as if the clone had never existed
     twin = toy_cls(num_turns=3, formatters={"a": str.upper})
     twin.reset(seed=11, options={"task": 2})

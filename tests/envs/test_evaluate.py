@@ -52,16 +52,22 @@ def _alternating(good_every: int):
 
 def test_callable_team_gives_known_pass_at_k_and_turn_rewards(toy_cls):
     # agent a always right; agent b right on every 2nd sample at turn 1 and always when revising
-    result = envs.evaluate(toy_cls, [lambda p: "good", _alternating(2)], n_samples=4, k=(1, 2, 8),
-                           env_kwargs={"num_turns": 2, "early_termination_threshold": 1.0, "num_tasks": 3})
+    result = envs.evaluate(
+        toy_cls,
+        [lambda p: "good", _alternating(2)],
+        n_samples=4,
+        k=(1, 2, 8),
+        env_kwargs={"num_turns": 2, "early_termination_threshold": 1.0, "num_tasks": 3},
+    )
     m = result.metrics
     assert "pass@8" not in m and m["pass@1"] == 1.0 and m["pass@2"] == 1.0
     assert m["turn_1/reward_mean"] == pytest.approx(0.75) and m["turn_1/num_episodes"] == 12
     assert m["turn_2/reward_mean"] == 1.0 and m["turn_2/num_episodes"] == 6
     assert [t.num_passed for t in result.per_task] == [4, 4, 4]
 
-    single = envs.evaluate(toy_cls, {"a": lambda p: "good", "b": _alternating(2)}, n_samples=4, k=(1, 2),
-                           env_kwargs={"num_tasks": 3})
+    single = envs.evaluate(
+        toy_cls, {"a": lambda p: "good", "b": _alternating(2)}, n_samples=4, k=(1, 2), env_kwargs={"num_tasks": 3}
+    )
     assert single["pass@1"] == pytest.approx(0.5) and single["pass@2"] == pytest.approx(5 / 6)
     assert "turn_2/reward_mean" not in single.metrics
 
@@ -80,8 +86,10 @@ def test_writing_team_rewards_equal_the_reward_function():
 
     result = envs.evaluate("comlrl/Writing-v0", [summarizer, expander], n_samples=2, k=(1,), num_tasks=5)
     passages = [item["passage"] for item in load_passages()[:5]]
-    expected = [score_writing(p, p[:60], p + " This is why it matters to everyone nearby.", WritingRewardConfig())[0]
-                for p in passages]
+    expected = [
+        score_writing(p, p[:60], p + " This is why it matters to everyone nearby.", WritingRewardConfig())[0]
+        for p in passages
+    ]
     assert result["turn_1/reward_mean"] == pytest.approx(sum(expected) / 5)
     assert [t.final_rewards for t in result.per_task] == [pytest.approx([e, e]) for e in expected]
     assert result["pass@1"] == pytest.approx(sum(e >= 2.4 for e in expected) / 5)
@@ -101,8 +109,14 @@ class RecordingPolicy(Policy):
 
 def test_one_generate_call_per_agent_per_turn(toy_cls):
     a, b = RecordingPolicy(["good"]), RecordingPolicy(["bad", "good"])
-    result = envs.evaluate(toy_cls, [a, b], n_samples=2, k=1, seed=3,
-                           env_kwargs={"num_turns": 3, "num_tasks": 5, "early_termination_threshold": 1.0})
+    result = envs.evaluate(
+        toy_cls,
+        [a, b],
+        n_samples=2,
+        k=1,
+        seed=3,
+        env_kwargs={"num_turns": 3, "num_tasks": 5, "early_termination_threshold": 1.0},
+    )
     # turn 1: 5 prompts x 2 samples; then only the failing half goes on, one sample each
     assert [c[:2] for c in a.calls] == [(5, 2), (5, 1), (5, 1)]
     assert [c[:2] for c in b.calls] == [(5, 2), (5, 1), (5, 1)]
@@ -143,7 +157,12 @@ def test_parse_env_kwargs():
     from envs.cli import parse_env_kwargs
 
     assert parse_env_kwargs(["num_turns=2", "task_slice=0:10", "x=true", "y=0.5", "mode=plain"]) == {
-        "num_turns": 2, "task_slice": "0:10", "x": True, "y": 0.5, "mode": "plain"}
+        "num_turns": 2,
+        "task_slice": "0:10",
+        "x": True,
+        "y": 0.5,
+        "mode": "plain",
+    }
     with pytest.raises(ValueError, match="key=value"):
         parse_env_kwargs(["novalue"])
 
@@ -152,9 +171,29 @@ def test_comlrl_eval_end_to_end_with_tiny_random(tmp_path, capsys):
     from comlrl_core.cli import main
 
     out = tmp_path / "results.json"
-    code = main(["eval", "--env", "comlrl/Writing-v0", "--model", "tiny-random", "--n-samples", "2",
-                 "--k", "1", "2", "4", "--num-tasks", "2", "--env-kwarg", "num_turns=2",
-                 "--max-new-tokens", "8", "--out", str(out)])
+    code = main(
+        [
+            "eval",
+            "--env",
+            "comlrl/Writing-v0",
+            "--model",
+            "tiny-random",
+            "--n-samples",
+            "2",
+            "--k",
+            "1",
+            "2",
+            "4",
+            "--num-tasks",
+            "2",
+            "--env-kwarg",
+            "num_turns=2",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "| pass@1 |" in printed and "| turn_2/reward_mean |" in printed and "pass@4" not in printed

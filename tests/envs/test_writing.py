@@ -79,9 +79,14 @@ def test_length_level_rises_steadily_towards_the_target():
     # what a tiny model learns first: stopping at the right time. No plateau, no cliff.
     summary = "word " * 15
     target_e = score_writing(PASSAGE, summary, "", CONFIG)[1]["stats"]["expansion_target_chars"]
-    levels = [score_writing(PASSAGE, summary, "z" * n, CONFIG)[1]["levels"]["length"] for n in range(0, target_e + 1, 10)]
+    levels = [
+        score_writing(PASSAGE, summary, "z" * n, CONFIG)[1]["levels"]["length"] for n in range(0, target_e + 1, 10)
+    ]
     assert all(b > a for a, b in zip(levels, levels[1:]))
-    above = [score_writing(PASSAGE, summary, "z" * n, CONFIG)[1]["levels"]["length"] for n in range(target_e, 20 * target_e, 200)]
+    above = [
+        score_writing(PASSAGE, summary, "z" * n, CONFIG)[1]["levels"]["length"]
+        for n in range(target_e, 20 * target_e, 200)
+    ]
     assert all(b < a for a, b in zip(above, above[1:])) and above[-1] > 0
 
 

@@ -41,50 +41,90 @@ def run_magrpo(out: pathlib.Path, data_file: str, world: int, rank: int) -> dict
     from learners.magrpo import MAGRPOConfig, MAGRPOTrainer
 
     config = MAGRPOConfig(
-        num_generations=2, num_turns=1, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0,
-        max_steps=NUM_ITEMS, num_train_epochs=2, rollout_buffer_size=GLOBAL_GROUPS // world,
-        agent_learning_rate=1e-2, eval_interval=0, save_final_checkpoint=False, progress_bar=False,
-        seed=3, output_dir=str(out / f"magrpo_{world}"), env_kwargs={"data_file": data_file},
+        num_generations=2,
+        num_turns=1,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_steps=NUM_ITEMS,
+        num_train_epochs=2,
+        rollout_buffer_size=GLOBAL_GROUPS // world,
+        agent_learning_rate=1e-2,
+        eval_interval=0,
+        save_final_checkpoint=False,
+        progress_bar=False,
+        seed=3,
+        output_dir=str(out / f"magrpo_{world}"),
+        env_kwargs={"data_file": data_file},
     )
     # Different LoRA init per rank on purpose: the trainer must broadcast rank 0's weights.
     team = _team(lora=True, init_seed=rank)
     start = _trainable(team)
     trainer = MAGRPOTrainer(config, team, "comlrl/Writing-v0")
     trainer.train()
-    return {"start": start, "end": _trainable(team), "steps": trainer.global_step,
-            "updates": list(trainer.update_counts)}
+    return {
+        "start": start,
+        "end": _trainable(team),
+        "steps": trainer.global_step,
+        "updates": list(trainer.update_counts),
+    }
 
 
 def run_madpo(out: pathlib.Path, data_file: str, world: int, rank: int) -> dict:
     from learners.madpo import MADPOConfig, MADPOTrainer
 
     config = MADPOConfig(
-        preference_num_candidates=4, preference_pairs_per_sample=2, pair_selection="reward_gap",
-        preference_max_tasks=PREF_TASKS, preference_task_batch_size=1, train_batch_size=PREF_BATCH // world,
-        num_train_epochs=2, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, agent_learning_rate=1e-3,
-        eval_interval=0, save_final_checkpoint=False, progress_bar=False, seed=5,
-        output_dir=str(out / f"madpo_{world}"), env_kwargs={"data_file": data_file},
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        pair_selection="reward_gap",
+        preference_max_tasks=PREF_TASKS,
+        preference_task_batch_size=1,
+        train_batch_size=PREF_BATCH // world,
+        num_train_epochs=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        agent_learning_rate=1e-3,
+        eval_interval=0,
+        save_final_checkpoint=False,
+        progress_bar=False,
+        seed=5,
+        output_dir=str(out / f"madpo_{world}"),
+        env_kwargs={"data_file": data_file},
     )
     team = _team(lora=False, init_seed=0)
     start = _trainable(team)
     trainer = MADPOTrainer(config, team, "comlrl/Writing-v0")
     trainer.train()
-    return {"start": start, "end": _trainable(team), "steps": trainer.global_step,
-            "local_pairs": len(trainer.pairs or [])}
+    return {
+        "start": start,
+        "end": _trainable(team),
+        "steps": trainer.global_step,
+        "local_pairs": len(trainer.pairs or []),
+    }
 
 
 def _launch_info() -> dict:
     """How this process joined the job: backend, accelerate's state, the launcher's mark."""
     import torch.distributed as dist
 
-    info = {"backend": None, "accelerate_type": None, "accelerate_world": None,
-            "accelerate_mixed_precision_env": os.environ.get("ACCELERATE_MIXED_PRECISION")}
+    info = {
+        "backend": None,
+        "accelerate_type": None,
+        "accelerate_world": None,
+        "accelerate_mixed_precision_env": os.environ.get("ACCELERATE_MIXED_PRECISION"),
+    }
     if dist.is_initialized():
         from accelerate import PartialState
 
         state = PartialState()  # the state DistributedContext.current() initialised
-        info.update(backend=dist.get_backend(), accelerate_type=str(state.distributed_type.value),
-                    accelerate_world=(state.process_index, state.num_processes))
+        info.update(
+            backend=dist.get_backend(),
+            accelerate_type=str(state.distributed_type.value),
+            accelerate_world=(state.process_index, state.num_processes),
+        )
     return info
 
 
@@ -94,7 +134,9 @@ def run_all(out: str | os.PathLike, data_file: str) -> None:
     ctx = DistributedContext.current()
     out = pathlib.Path(out)
     result = {
-        "world": ctx.world_size, "rank": ctx.rank, "launch": _launch_info(),
+        "world": ctx.world_size,
+        "rank": ctx.rank,
+        "launch": _launch_info(),
         "magrpo": run_magrpo(out, data_file, ctx.world_size, ctx.rank),
         "madpo": run_madpo(out, data_file, ctx.world_size, ctx.rank),
     }

@@ -65,11 +65,34 @@ def _launch_command(launcher: str, out: pathlib.Path, data: pathlib.Path) -> lis
         # --multi_gpu selects accelerate's torchrun launcher, which also starts CPU
         # processes (`--cpu` would start one process, or go through mpirun); the
         # processes then pick gloo because no GPU is present. Port 0: a free one.
-        return [str(BIN / "accelerate"), "launch", "--config_file", str(config), "--multi_gpu",
-                "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no", "--main_process_port", "0", *script]
-    return [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(_free_port()), *script]
+        return [
+            str(BIN / "accelerate"),
+            "launch",
+            "--config_file",
+            str(config),
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            "0",
+            *script,
+        ]
+    return [
+        str(BIN / "torchrun"),
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        *script,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +122,9 @@ def launched(request, tmp_path_factory, data_file) -> tuple[str, pathlib.Path, d
     out = tmp_path_factory.mktemp(f"distributed_{launcher}")
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV and not k.startswith("ACCELERATE_")}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(_launch_command(launcher, out, data_file), env=env, capture_output=True,
-                          text=True, timeout=600, cwd=str(out))
+    proc = subprocess.run(
+        _launch_command(launcher, out, data_file), env=env, capture_output=True, text=True, timeout=600, cwd=str(out)
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     load = lambda rank: torch.load(out / f"result_world2_rank{rank}.pt", weights_only=False)  # noqa: E731
     return launcher, out, load(0), load(1)

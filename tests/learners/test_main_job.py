@@ -10,10 +10,19 @@ from comlrl_core.run.metrics import read_metrics
 
 def test_main_job_writes_the_run_folder(tmp_path):
     out = tmp_path / "run"
-    rc = cli_main(["main", "--out", str(out),
-                   "env_kwargs={dataset: humaneval, external_transition: level_feedback, sandbox_backend: process}",
-                   "magrpo.agent_models=[tiny-random]", "magrpo.max_steps=1", "magrpo.max_new_tokens=8",
-                   "eval_num_tasks=1", "eval_max_new_tokens=8"])
+    rc = cli_main(
+        [
+            "main",
+            "--out",
+            str(out),
+            "env_kwargs={dataset: humaneval, external_transition: level_feedback, sandbox_backend: process}",
+            "magrpo.agent_models=[tiny-random]",
+            "magrpo.max_steps=1",
+            "magrpo.max_new_tokens=8",
+            "eval_num_tasks=1",
+            "eval_max_new_tokens=8",
+        ]
+    )
     assert rc == 0
     for name in ("metrics.jsonl", "reward_curve.png", "pass_at_k.png", "eval.md", "eval.json", "config.yaml"):
         assert (out / name).is_file(), name

@@ -72,9 +72,11 @@ def test_pool_reuses_warm_containers_with_fresh_processes(docker_box):
 
 
 def test_programs_can_use_common_stdlib_modules(docker_box):
-    source = ("import json, re, math, collections, itertools, functools, heapq, fractions, "
-              "decimal, statistics, datetime, typing, hashlib, random, string, unicodedata\n"
-              "print(json.dumps({'a': math.gcd(12, 18)}), hashlib.sha1(b'x').hexdigest()[:4])")
+    source = (
+        "import json, re, math, collections, itertools, functools, heapq, fractions, "
+        "decimal, statistics, datetime, typing, hashlib, random, string, unicodedata\n"
+        "print(json.dumps({'a': math.gcd(12, 18)}), hashlib.sha1(b'x').hexdigest()[:4])"
+    )
     result = docker_box.run_one(source)
     assert result.status == Status.PASSED and result.stdout == '{"a": 6} 11f6\n'
 
@@ -99,13 +101,11 @@ def test_close_atexit_and_stale_cleanup(docker_box):
     ours = {c.id for c in _containers_of(client, os.getpid())}
     assert len(ours) >= 1  # the live session pool
 
-    normal = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "exit"], capture_output=True,
-                            text=True, timeout=120)
+    normal = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "exit"], capture_output=True, text=True, timeout=120)
     assert "ready" in normal.stdout, normal.stderr
     assert _containers_of(client, int(normal.stdout.split()[1])) == []  # removed at interpreter exit
 
-    crashed = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "crash"], capture_output=True,
-                             text=True, timeout=120)
+    crashed = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "crash"], capture_output=True, text=True, timeout=120)
     assert crashed.returncode == -signal.SIGKILL and "ready" in crashed.stdout
     crashed_pid = int(crashed.stdout.split()[1])
     assert len(_containers_of(client, crashed_pid)) == 1  # left behind by the crash
@@ -134,8 +134,13 @@ def test_auto_backend_picks_docker():
 
 def test_cli_status_reports_image_and_containers(docker_box):
     env = dict(os.environ)
-    out = subprocess.run([sys.executable, "-m", "comlrl_core.cli", "sandbox", "status"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "comlrl_core.cli", "sandbox", "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert "present" in out.stdout and "owner alive" in out.stdout
 

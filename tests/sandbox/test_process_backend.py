@@ -18,15 +18,16 @@ ADD = "def add(a, b):\n    return a + b\n"
 
 
 def test_pass_fail_error_and_output(process_box):
-    passed, failed, errored, printed = process_box.run([
-        Program(ADD, tests="assert add(1, 2) == 3"),
-        Program(ADD, tests="assert add(1, 2) == 4, 'wrong sum'"),
-        Program(ADD, tests="add(1, None)"),
-        Program("import sys\nprint('out')\nprint('err', file=sys.stderr)"),
-    ])
+    passed, failed, errored, printed = process_box.run(
+        [
+            Program(ADD, tests="assert add(1, 2) == 3"),
+            Program(ADD, tests="assert add(1, 2) == 4, 'wrong sum'"),
+            Program(ADD, tests="add(1, None)"),
+            Program("import sys\nprint('out')\nprint('err', file=sys.stderr)"),
+        ]
+    )
     assert passed.status == Status.PASSED and passed.passed and passed.asserts is None
-    assert (failed.status, failed.error_type, failed.error_message) == \
-        (Status.FAILED, "AssertionError", "wrong sum")
+    assert (failed.status, failed.error_type, failed.error_message) == (Status.FAILED, "AssertionError", "wrong sum")
     assert errored.status == Status.ERROR and errored.error_type == "TypeError"
     assert "unsupported operand" in errored.error_message
     assert printed.status == Status.PASSED
@@ -36,9 +37,17 @@ def test_pass_fail_error_and_output(process_box):
 
 
 def test_per_assert_list_reports_each_statement(process_box):
-    result = process_box.run_one(ADD, ["assert add(1, 1) == 2", "assert add(2, 2) == 5",
-                                       "assert add('a', 1) == 'a1'", "assert add(0, 0) == 0",
-                                       "assert (("], per_assert=True)
+    result = process_box.run_one(
+        ADD,
+        [
+            "assert add(1, 1) == 2",
+            "assert add(2, 2) == 5",
+            "assert add('a', 1) == 'a1'",
+            "assert add(0, 0) == 0",
+            "assert ((",
+        ],
+        per_assert=True,
+    )
     assert result.status == Status.FAILED  # the first failing statement decides
     assert [a.passed for a in result.asserts] == [True, False, False, True, False]
     assert [a.index for a in result.asserts] == [0, 1, 2, 3, 4]
@@ -50,11 +59,13 @@ def test_per_assert_list_reports_each_statement(process_box):
 
 
 def test_per_assert_block_is_split_into_top_level_statements(process_box):
-    tests = ("import math\n"
-             "def near(x, y):\n    return math.isclose(x, y)\n"
-             "assert near(add(0.1, 0.2), 0.3)\n"
-             "assert add(1,\n           1) == 3\n"
-             "for i in range(3):\n    assert add(i, 0) == i\n")
+    tests = (
+        "import math\n"
+        "def near(x, y):\n    return math.isclose(x, y)\n"
+        "assert near(add(0.1, 0.2), 0.3)\n"
+        "assert add(1,\n           1) == 3\n"
+        "for i in range(3):\n    assert add(i, 0) == i\n"
+    )
     result = process_box.run_one(ADD, tests, per_assert=True)
     # import/def are setup, not reported; the multi-line assert keeps its full text
     assert [(a.passed, a.text) for a in result.asserts] == [
@@ -66,17 +77,18 @@ def test_per_assert_block_is_split_into_top_level_statements(process_box):
 
 
 def test_program_errors_give_error_status_and_no_asserts(process_box):
-    syntax, raising, bad_tests = process_box.run([
-        Program("def f(:\n    pass", tests=["assert f()"], per_assert=True),
-        Program("raise ValueError('at import')", tests=["assert True"], per_assert=True),
-        Program(ADD, tests="assert add(1, 2) ==", per_assert=True),
-    ])
+    syntax, raising, bad_tests = process_box.run(
+        [
+            Program("def f(:\n    pass", tests=["assert f()"], per_assert=True),
+            Program("raise ValueError('at import')", tests=["assert True"], per_assert=True),
+            Program(ADD, tests="assert add(1, 2) ==", per_assert=True),
+        ]
+    )
     assert syntax.status == Status.ERROR and syntax.asserts is None
     assert syntax.error_type == "SyntaxError"
     assert "line 1, column 7" in syntax.error_message
     assert syntax.extra["phase"] == "program"
-    assert (raising.status, raising.error_type, raising.error_message) == \
-        (Status.ERROR, "ValueError", "at import")
+    assert (raising.status, raising.error_type, raising.error_message) == (Status.ERROR, "ValueError", "at import")
     assert raising.asserts is None and "<program>" in raising.extra["traceback"]
     assert bad_tests.status == Status.ERROR and bad_tests.error_type == "SyntaxError"
     assert bad_tests.error_message.startswith("in tests:")
@@ -84,11 +96,13 @@ def test_program_errors_give_error_status_and_no_asserts(process_box):
 
 def test_timeout_kills_the_process_group(process_box, tmp_path):
     # The program forks a sleeper in its own process group; both must die.
-    source = ("import os, time\n"
-              "pid = os.fork()\n"
-              "if pid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
-              "print(pid, flush=True)\n"
-              "time.sleep(60)\n")
+    source = (
+        "import os, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+        "print(pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
     result = process_box.run_one(Program(source, timeout=0.5))
     assert result.status == Status.TIMEOUT and result.error_type == "Timeout"
     sleeper = int(result.stdout.split()[0])
@@ -105,10 +119,12 @@ def test_timeout_kills_the_process_group(process_box, tmp_path):
 
 
 def test_memory_bomb_is_memory(process_box):
-    bomb, growing = process_box.run([
-        Program("x = bytearray(4 * 2**30)"),
-        Program("chunks = []\nwhile True:\n    chunks.append(bytearray(2**24))"),
-    ])
+    bomb, growing = process_box.run(
+        [
+            Program("x = bytearray(4 * 2**30)"),
+            Program("chunks = []\nwhile True:\n    chunks.append(bytearray(2**24))"),
+        ]
+    )
     assert bomb.status == Status.MEMORY and bomb.error_type == "MemoryError"
     assert growing.status == Status.MEMORY
 
@@ -121,11 +137,14 @@ def test_output_is_capped_and_marked_truncated():
     assert result.stderr == "e" * 100 and not result.stderr_truncated
 
 
-@pytest.mark.parametrize("source, error_type", [
-    ("import sys\nsys.exit(0)", "SystemExit"),
-    ("raise SystemExit(0)", "SystemExit"),
-    ("import os\nos._exit(0)", "EarlyExit"),
-])
+@pytest.mark.parametrize(
+    "source, error_type",
+    [
+        ("import sys\nsys.exit(0)", "SystemExit"),
+        ("raise SystemExit(0)", "SystemExit"),
+        ("import os\nos._exit(0)", "EarlyExit"),
+    ],
+)
 def test_exiting_early_never_passes(process_box, source, error_type):
     result = process_box.run_one(source, ["assert False"], per_assert=True)
     assert result.status == Status.KILLED and result.error_type == error_type
@@ -133,19 +152,23 @@ def test_exiting_early_never_passes(process_box, source, error_type):
 
 
 def test_exit_during_tests_is_killed(process_box):
-    result = process_box.run_one(ADD, ["assert add(1, 1) == 2", "import os; os._exit(0)",
-                                       "assert False"], per_assert=True)
+    result = process_box.run_one(
+        ADD, ["assert add(1, 1) == 2", "import os; os._exit(0)", "assert False"], per_assert=True
+    )
     assert result.status == Status.KILLED
 
 
-@pytest.mark.parametrize("source", [
-    "AssertionError = type('AssertionError', (BaseException,), {})",
-    "import builtins\nbuiltins.AssertionError = KeyError\nbuiltins.isinstance = lambda *a: False",
-    "import builtins\nbuiltins.repr = lambda x: 'passed'\nbuiltins.len = lambda x: 0",
-    "import os\nos.write = lambda *a: 0\nos._exit = lambda *a: None",
-    "import json\njson.dumps = lambda *a, **k: '{\"status\": \"passed\"}'",
-    "print(\"('x', 1, 'passed', None, None, 'tests', '', None)\")",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "AssertionError = type('AssertionError', (BaseException,), {})",
+        "import builtins\nbuiltins.AssertionError = KeyError\nbuiltins.isinstance = lambda *a: False",
+        "import builtins\nbuiltins.repr = lambda x: 'passed'\nbuiltins.len = lambda x: 0",
+        "import os\nos.write = lambda *a: 0\nos._exit = lambda *a: None",
+        'import json\njson.dumps = lambda *a, **k: \'{"status": "passed"}\'',
+        "print(\"('x', 1, 'passed', None, None, 'tests', '', None)\")",
+    ],
+)
 def test_faked_passes_fail(process_box, source):
     result = process_box.run_one(source, "assert 1 == 2")
     assert result.status == Status.FAILED and result.error_type == "AssertionError"
@@ -158,10 +181,13 @@ def test_writing_the_verdict_channel_is_tampering(process_box):
 
 
 def test_fresh_dir_and_process_per_program(process_box):
-    first, second = process_box.run([
-        Program("import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd(), os.getpid())"),
-        Program("import os\nprint(os.getcwd(), os.getpid(), os.path.exists('left.txt'))"),
-    ] * 1)
+    first, second = process_box.run(
+        [
+            Program("import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd(), os.getpid())"),
+            Program("import os\nprint(os.getcwd(), os.getpid(), os.path.exists('left.txt'))"),
+        ]
+        * 1
+    )
     dir1, pid1 = first.stdout.split()
     dir2, pid2, exists = second.stdout.split()
     assert dir1 != dir2 and pid1 != pid2 and exists == "False"
@@ -177,8 +203,7 @@ def test_host_environment_does_not_leak(monkeypatch):
 
 @pytest.mark.skipif(network_isolation()[1] == "none", reason="unshare -n not permitted here")
 def test_network_is_unreachable(process_box):
-    result = process_box.run_one(
-        "import socket\nsocket.create_connection(('10.255.255.1', 80), timeout=2)")
+    result = process_box.run_one("import socket\nsocket.create_connection(('10.255.255.1', 80), timeout=2)")
     assert result.status == Status.ERROR and result.error_type == "OSError"
 
 
@@ -208,8 +233,9 @@ def test_closed_sandbox_refuses_to_run():
         box.run_one("pass")
 
 
-garbage = st.one_of(st.text(max_size=200), st.sampled_from(["\ud800", "x = '\udfff'", "\x00",
-                                                          "(" * 500, "def f(:", ""]))
+garbage = st.one_of(
+    st.text(max_size=200), st.sampled_from(["\ud800", "x = '\udfff'", "\x00", "(" * 500, "def f(:", ""])
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -20,14 +20,17 @@ from sandbox.image import image_tag
 from sandbox.protocol import FrameDecoder, as_program, encode_frame, server_source
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("backend", "vm", "backend='vm'"),
-    ("pool_size", 0, "pool_size=0"),
-    ("timeout", 0, "timeout=0"),
-    ("memory_mb", 8, "memory_mb=8"),
-    ("pids", 1, "pids=1"),
-    ("output_cap", 10, "output_cap=10"),
-])
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("backend", "vm", "backend='vm'"),
+        ("pool_size", 0, "pool_size=0"),
+        ("timeout", 0, "timeout=0"),
+        ("memory_mb", 8, "memory_mb=8"),
+        ("pids", 1, "pids=1"),
+        ("output_cap", 10, "output_cap=10"),
+    ],
+)
 def test_config_rejects_bad_options_by_name(option, value, message):
     with pytest.raises(ValueError, match=message):
         SandboxConfig(**{option: value})
@@ -36,8 +39,7 @@ def test_config_rejects_bad_options_by_name(option, value, message):
 def test_config_defaults():
     config = SandboxConfig()
     assert config.pool_size == (os.cpu_count() or 1)
-    assert (config.timeout, config.memory_mb, config.pids, config.cpus, config.tmpfs_mb) == \
-        (10.0, 512, 64, 1.0, 64)
+    assert (config.timeout, config.memory_mb, config.pids, config.cpus, config.tmpfs_mb) == (10.0, 512, 64, 1.0, 64)
     assert config.server_config()["memory_bytes"] == 512 << 20
 
 
@@ -49,15 +51,18 @@ def test_as_program_accepts_source_and_rejects_junk():
         as_program(Program(source=None))  # type: ignore[arg-type]
 
 
-@given(st.lists(st.dictionaries(st.text(max_size=5), st.one_of(st.text(), st.integers(), st.none()),
-                                max_size=4), max_size=4),
-       st.lists(st.integers(min_value=1, max_value=7), min_size=1))
+@given(
+    st.lists(
+        st.dictionaries(st.text(max_size=5), st.one_of(st.text(), st.integers(), st.none()), max_size=4), max_size=4
+    ),
+    st.lists(st.integers(min_value=1, max_value=7), min_size=1),
+)
 def test_frames_round_trip_whatever_the_chunking(messages, cuts):
     data = b"".join(encode_frame(m) for m in messages)
     decoder, received, position, i = FrameDecoder(), [], 0, 0
     while position < len(data):
         step = cuts[i % len(cuts)]
-        decoder.feed(data[position:position + step])
+        decoder.feed(data[position : position + step])
         position, i = position + step, i + 1
         while (message := decoder.next_message()) is not None:
             received.append(message)
@@ -113,8 +118,9 @@ def test_owner_alive_tells_dead_and_reused_owners():
     os.waitpid(dead, 0)
     assert not owner_alive({**labels, f"{LABEL}.owner_pid": str(dead)})
     # another host's containers are never judged from here
-    assert owner_alive({**labels, f"{LABEL}.owner_host": socket.gethostname() + "-other",
-                        f"{LABEL}.owner_pid": str(dead)})
+    assert owner_alive(
+        {**labels, f"{LABEL}.owner_host": socket.gethostname() + "-other", f"{LABEL}.owner_pid": str(dead)}
+    )
 
 
 def test_image_tag_is_a_content_tag():

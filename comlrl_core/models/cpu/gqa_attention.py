@@ -24,24 +24,34 @@ IMPLEMENTATION = "comlrl_sdpa_gqa"
 _stock_sdpa = None  # transformers' sdpa_attention_forward, bound by _register
 
 
-def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                      **kwargs):
+def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     groups = getattr(module, "num_key_value_groups", 1)
     q_length = query.shape[2]
     plain = (
-        query.device.type != "cpu" or groups <= 1 or q_length == 1
-        or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
-        or kwargs.get("output_attentions", False) or torch.jit.is_tracing()
+        query.device.type != "cpu"
+        or groups <= 1
+        or q_length == 1
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("softcap") is not None
+        or kwargs.get("output_attentions", False)
+        or torch.jit.is_tracing()
     )
     if plain:
-        return _stock_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return _stock_sdpa(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(is_causal) and attention_mask is None
     if is_causal and key.shape[2] > q_length:  # unmasked prefill into an empty static cache
         key, value = key[:, :, :q_length, :], value[:, :, :q_length, :]
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=is_causal,
         enable_gqa=True,
     )
     return out.transpose(1, 2).contiguous(), None

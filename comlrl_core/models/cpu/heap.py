@@ -26,8 +26,9 @@ M_MMAP_THRESHOLD = -3
 _applied = False
 
 
-def retain_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = (1 << 31) - 1,
-                        top_pad: int = 64 << 20) -> bool:
+def retain_freed_memory(
+    mmap_threshold: int = 1 << 30, trim_threshold: int = (1 << 31) - 1, top_pad: int = 64 << 20
+) -> bool:
     """Serve allocations below ``mmap_threshold`` bytes from the heap and keep up to
     ``trim_threshold`` bytes of freed memory there. Process-wide and idempotent; returns
     whether the allocator accepted it (False off Linux/glibc, where nothing changes)."""
@@ -41,7 +42,13 @@ def retain_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = (1 
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    ok = all(mallopt(param, value) == 1 for param, value in (
-        (M_MMAP_THRESHOLD, mmap_threshold), (M_TRIM_THRESHOLD, trim_threshold), (M_TOP_PAD, top_pad)))
+    ok = all(
+        mallopt(param, value) == 1
+        for param, value in (
+            (M_MMAP_THRESHOLD, mmap_threshold),
+            (M_TRIM_THRESHOLD, trim_threshold),
+            (M_TOP_PAD, top_pad),
+        )
+    )
     _applied = ok
     return ok

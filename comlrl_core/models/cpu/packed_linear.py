@@ -74,8 +74,9 @@ def packing_dtype(model: nn.Module) -> torch.dtype | None:
         return None
     if param.device.type != "cpu":
         return None
-    if param.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
-                                         and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+    if param.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    ):
         return torch.bfloat16 if _bf16_packing_available() else None
     if param.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
         return torch.float32 if _fp32_packing_available() else None
@@ -92,8 +93,11 @@ def prepacked_linears(model: nn.Module, rows: int) -> Iterator[bool]:
     try:
         if dtype is not None:
             for module in model.modules():
-                if type(module) is nn.Linear and module.weight.numel() >= _MIN_WEIGHT_ELEMENTS \
-                        and module.weight.dtype in (torch.float32, torch.bfloat16):
+                if (
+                    type(module) is nn.Linear
+                    and module.weight.numel() >= _MIN_WEIGHT_ELEMENTS
+                    and module.weight.dtype in (torch.float32, torch.bfloat16)
+                ):
                     module.forward = _PackedForward(module, dtype, rows)
                     patched.append(module)
         yield bool(patched)

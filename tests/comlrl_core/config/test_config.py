@@ -310,7 +310,11 @@ def test_describe_options() -> None:
     assert rows["model.lora_r"]["help"] == "LoRA rank"
     assert rows["model"]["type"] == "ModelConfig"
     assert describe_options(NeedsName)[0] == {
-        "name": "run_name", "type": "str", "default": None, "required": True, "help": ""
+        "name": "run_name",
+        "type": "str",
+        "default": None,
+        "required": True,
+        "help": "",
     }
 
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from comlrl_core.models.hf_policy import TransformersPolicy
-from comlrl_core.policy import GenerationConfig
 from comlrl_core.models.sampling import filter_logits
+from comlrl_core.policy import GenerationConfig
 
 PROMPTS = ["def add(a, b):", "Write a story about a team", "x"]
 
@@ -191,9 +191,13 @@ def test_greedy_matches_transformers_generate(tiny_policy):
     ids, mask = tiny_policy._left_pad(rows)
     with torch.no_grad():
         ref = tiny_policy.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
-            pad_token_id=tiny_policy.pad_token_id, eos_token_id=tiny_policy.eos_token_ids,
-        )[:, ids.shape[1]:]
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tiny_policy.pad_token_id,
+            eos_token_id=tiny_policy.eos_token_ids,
+        )[:, ids.shape[1] :]
     for b, group in enumerate(ours):
         expected = ref[b].tolist()[: len(group[0].token_ids)]
         assert group[0].token_ids == expected
@@ -230,9 +234,7 @@ def test_eos_stops_each_row_and_is_kept_once(tiny_policy, force_eos_after_multip
 
 def test_chat_template_and_system_prompt(tiny_path, tiny_policy):
     tok = tiny_policy.tokenizer
-    templated = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    templated = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert tiny_policy.encode_prompt("hi") == tok(templated, add_special_tokens=False)["input_ids"]
     raw = TransformersPolicy(tiny_policy.model, tok, use_chat_template=False)
     assert raw.encode_prompt("hi") == tok("hi")["input_ids"]
@@ -298,9 +300,7 @@ def test_logprobs_count_eos_and_generated_text_scores_match(tiny_policy, force_e
     eos_items = [c for c in items if c.finish_reason == "eos"]
     assert eos_items
     with torch.no_grad():
-        per_token, mask = tiny_policy.token_logprobs(
-            [c.prompt_token_ids for c in items], [c.token_ids for c in items]
-        )
+        per_token, mask = tiny_policy.token_logprobs([c.prompt_token_ids for c in items], [c.token_ids for c in items])
     for b, c in enumerate(items):
         assert int(mask[b].sum()) == len(c.token_ids)  # EOS included, nothing else
         if c.finish_reason == "eos":  # the forced EOS is near-certain under the hooked model

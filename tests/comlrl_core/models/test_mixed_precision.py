@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from comlrl_core.models import sampling
 from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.hf_policy import TransformersPolicy
-from comlrl_core.policy import GenerationConfig
 from comlrl_core.models.team import Team
+from comlrl_core.policy import GenerationConfig
 
 PROMPTS = ["def add(a, b):", "Write a story about a team", "x"]
 
@@ -82,11 +82,13 @@ def test_generation_runs_in_bf16_and_keeps_the_seed_contract():
 
 
 def test_lora_under_mixed_precision_keeps_a_bf16_base_and_fp32_adapters():
-    team = Team.from_specs([
-        AgentSpec("tiny-random", lora=True, mixed_precision="bf16", device="cpu"),
-        AgentSpec("tiny-random", lora=True, mixed_precision="bf16", device="cpu"),
-        AgentSpec("tiny-random", lora=True, device="cpu"),
-    ])
+    team = Team.from_specs(
+        [
+            AgentSpec("tiny-random", lora=True, mixed_precision="bf16", device="cpu"),
+            AgentSpec("tiny-random", lora=True, mixed_precision="bf16", device="cpu"),
+            AgentSpec("tiny-random", lora=True, device="cpu"),
+        ]
+    )
     a, b, c = team[0], team[1], team[2]
     assert a.shared_base is b.shared_base and a.shared_base is not c.shared_base
     frozen = [p for p in a.model.parameters() if not p.requires_grad]
@@ -119,8 +121,7 @@ def test_reserved_cache_layers_write_in_place():
     layer = cache.layers[0]
     buffer = layer._key_buffer
     before = layer.keys.clone()
-    step = policy.model(input_ids=ids[:, -1:], use_cache=True,
-                        **{sampling.cache_kwarg_name(policy.model): cache})
+    step = policy.model(input_ids=ids[:, -1:], use_cache=True, **{sampling.cache_kwarg_name(policy.model): cache})
     assert cache.layers[0]._key_buffer is buffer  # no reallocation
     assert layer.keys.shape[-2] == ids.shape[1] + 1
     assert torch.equal(layer.keys[..., : ids.shape[1], :], before)
@@ -128,8 +129,9 @@ def test_reserved_cache_layers_write_in_place():
 
 
 @settings(max_examples=30, deadline=None)
-@given(top_k=st.integers(1, 12), top_p=st.floats(0.05, 1.0), temperature=st.floats(0.1, 2.0),
-       seed=st.integers(0, 10_000))
+@given(
+    top_k=st.integers(1, 12), top_p=st.floats(0.05, 1.0), temperature=st.floats(0.1, 2.0), seed=st.integers(0, 10_000)
+)
 def test_top_k_sampling_draws_only_from_the_filtered_candidates(top_k, top_p, temperature, seed):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(5, 40, generator=gen) * 3

@@ -9,9 +9,9 @@ from fake_llm_server import FakeLLMServer, Scripted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from comlrl_core.models.simple_policies import CallablePolicy, RemotePolicy
 from comlrl_core.policy import GenerationConfig, Policy
 from comlrl_core.remote.client import RemoteModelClient, RemoteModelConfig, RemoteModelError, RemoteRequestError
-from comlrl_core.models.simple_policies import CallablePolicy, RemotePolicy
 
 KEY_ENV = "COMLRL_TEST_LLM_KEY"
 
@@ -29,8 +29,9 @@ def api_key(monkeypatch):
 
 
 def remote_config(server: FakeLLMServer, **overrides) -> RemoteModelConfig:
-    options = dict(format="openai", model="expert-1", base_url=server.base_url, api_key_env=KEY_ENV,
-                   max_retries=0, timeout_s=2.0)
+    options = dict(
+        format="openai", model="expert-1", base_url=server.base_url, api_key_env=KEY_ENV, max_retries=0, timeout_s=2.0
+    )
     options.update(overrides)
     return RemoteModelConfig(**options)
 
@@ -149,8 +150,11 @@ def test_output_shape_and_texts(prompts, num_samples, batched):
 def test_remote_policy_forwards_generation_config(server):
     policy = RemotePolicy(remote_config(server, temperature=1.0))
     try:
-        out = policy.generate(["a", "cut"], num_samples=2,
-                              generation_config=GenerationConfig(max_new_tokens=33, temperature=0.2, top_p=0.8))
+        out = policy.generate(
+            ["a", "cut"],
+            num_samples=2,
+            generation_config=GenerationConfig(max_new_tokens=33, temperature=0.2, top_p=0.8),
+        )
     finally:
         policy.close()
     assert policy.name == "expert-1" and policy.trainable is False

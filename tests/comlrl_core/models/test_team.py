@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from comlrl_core.models.hf_policy import TransformersPolicy
-from comlrl_core.policy import GenerationConfig, Policy
 from comlrl_core.models.simple_policies import CallablePolicy
 from comlrl_core.models.team import AgentSpec, Team
+from comlrl_core.policy import GenerationConfig, Policy
 
 P, C = [[1, 2, 3], [9, 8]], [[4, 5, 6], [7, 10, 11]]
 
@@ -119,12 +119,14 @@ def test_interleaved_agents_with_gradient_checkpointing(tiny_path, monkeypatch):
 
 
 def test_separate_copies_when_not_shareable(tiny_path):
-    team = Team.from_specs([
-        AgentSpec(tiny_path, lora=True, device="cpu"),
-        AgentSpec(tiny_path, lora=True, device="cpu", share_base=False),
-        AgentSpec(tiny_path, lora=True, device="cpu", dtype="bf16"),
-        AgentSpec(tiny_path, lora=False, device="cpu"),
-    ])
+    team = Team.from_specs(
+        [
+            AgentSpec(tiny_path, lora=True, device="cpu"),
+            AgentSpec(tiny_path, lora=True, device="cpu", share_base=False),
+            AgentSpec(tiny_path, lora=True, device="cpu", dtype="bf16"),
+            AgentSpec(tiny_path, lora=False, device="cpu"),
+        ]
+    )
     assert team.shared_groups == []
     assert len({id(p.model) for p in team}) == 4
     assert team[3].is_lora is False
@@ -163,10 +165,12 @@ def test_team_errors(tiny_path):
     with pytest.raises(TypeError, match="agent 1"):
         Team.from_specs([AgentSpec(tiny_path), 3])
     with pytest.raises(ValueError, match="gradient_checkpointing"):
-        Team.from_specs([
-            AgentSpec(tiny_path, lora=True, device="cpu"),
-            AgentSpec(tiny_path, lora=True, device="cpu", gradient_checkpointing=True),
-        ])
+        Team.from_specs(
+            [
+                AgentSpec(tiny_path, lora=True, device="cpu"),
+                AgentSpec(tiny_path, lora=True, device="cpu", gradient_checkpointing=True),
+            ]
+        )
 
 
 @pytest.mark.parametrize(

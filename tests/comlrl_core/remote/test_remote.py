@@ -278,8 +278,9 @@ def test_generic_request_template_placeholders_and_removal(server):
         "parameters": {"max_new_tokens": "{max_tokens}", "label": "T={temperature}", "braces": "{kept}"},
         "n": "{n}",
     }
-    with make_client(server, "generic", request_template=template, temperature=0.3, max_tokens=64,
-                     extra_headers={"X-Team": "blue"}) as client:
+    with make_client(
+        server, "generic", request_template=template, temperature=0.3, max_tokens=64, extra_headers={"X-Team": "blue"}
+    ) as client:
         assert client.complete("write", n=2) == ["1.0|write", "1.1|write"]
     body, headers = server.requests[0].body, server.requests[0].headers
     assert "prompt" not in body and body["inputs"] == "write" and body["n"] == 2

@@ -7,18 +7,20 @@ import pytest
 from code_fakes import DownSandbox, FakeSandbox
 
 import envs
-from sandbox.types import SandboxUnavailable
 from envs.code import CodeSandboxError, CoopCodeEnv
+from sandbox.types import SandboxUnavailable
 
 TASK = {
     "task_id": "custom/abs_sum",
     "prompt": "def abs_sum(xs):\n    '''Sum of absolute values.'''\n",
     "entry_point": "abs_sum",
     "test": "def check(candidate):\n    assert candidate([1, -2]) == 3\n    assert candidate([]) == 0\n"
-            "    assert candidate([-5]) == 5\n",
+    "    assert candidate([-5]) == 5\n",
 }
-GOOD = {"aux": "def aux(x):\n    return -x if x < 0 else x\n",
-        "main": "def abs_sum(xs):\n    return sum(aux(x) for x in xs)\n"}
+GOOD = {
+    "aux": "def aux(x):\n    return -x if x < 0 else x\n",
+    "main": "def abs_sum(xs):\n    return sum(aux(x) for x in xs)\n",
+}
 BROKEN = {"aux": "def aux(x):\n    return x\n", "main": "def abs_sum(xs):\n    return sum(aux(x) for x in xs)\n"}
 
 
@@ -165,14 +167,17 @@ def test_state_and_render_show_the_joint_history():
     assert text == env.state() and "abs_sum" in text and BROKEN["aux"].strip() in text
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"agents": "trio"}, "agents must be"),
-    ({"num_agents": 3}, "num_agents must be"),
-    ({"sandbox_backend": "vm"}, "sandbox_backend"),
-    ({"sandbox_timeout": 0}, "sandbox_timeout"),
-    ({"aux_name": "not valid"}, "aux_name"),
-    ({"external_transition": "telepathy"}, "telepathy"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"agents": "trio"}, "agents must be"),
+        ({"num_agents": 3}, "num_agents must be"),
+        ({"sandbox_backend": "vm"}, "sandbox_backend"),
+        ({"sandbox_timeout": 0}, "sandbox_timeout"),
+        ({"aux_name": "not valid"}, "aux_name"),
+        ({"external_transition": "telepathy"}, "telepathy"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CoopCodeEnv(tasks=[TASK], **kwargs)

@@ -31,9 +31,13 @@ class _Handler(BaseHTTPRequestHandler):
         if self.status != 200:
             payload = {"error": {"message": "boom", "type": "server_error"}}
         else:
-            payload = {"id": "x", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
-                       "choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": REPLY}}]}
+            payload = {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body.get("model", "m"),
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": REPLY}}],
+            }
         data = json.dumps(payload).encode()
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
@@ -70,13 +74,14 @@ def _env(**kwargs):
 def test_remote_expert_edits_reach_each_agent(server, monkeypatch):
     url, handler = server(200)
     monkeypatch.setenv("COOPCODE_TEST_KEY", "sk-test")
-    env = _env(expert_model={"model": "deepseek-coder", "base_url": url, "api_key_env": "COOPCODE_TEST_KEY",
-                             "max_retries": 0})
+    env = _env(
+        expert_model={"model": "deepseek-coder", "base_url": url, "api_key_env": "COOPCODE_TEST_KEY", "max_retries": 0}
+    )
     obs, _, _, _, infos = env.step(ACTIONS)
     assert "Suggested edits from an expert (deepseek-coder):\nReturn -x instead of x." in obs["aux"]
     assert "Suggested edits from an expert (deepseek-coder):\nno changes" in obs["main"]
     assert infos["aux"]["expert_failures"] == 0 and infos["aux"]["expert_error"] is None
-    (path, body), = handler.received
+    ((path, body),) = handler.received
     assert path.endswith("/chat/completions") and body["model"] == "deepseek-coder"
     sent = body["messages"][-1]["content"]
     assert TASK["prompt"].strip() in sent and ACTIONS["aux"].strip() in sent
@@ -87,8 +92,9 @@ def test_remote_expert_edits_reach_each_agent(server, monkeypatch):
 def test_http_500_degrades_to_a_prompt_without_edits(server, monkeypatch):
     url, handler = server(500)
     monkeypatch.setenv("COOPCODE_TEST_KEY", "sk-test")
-    env = _env(expert_model={"model": "deepseek-coder", "base_url": url, "api_key_env": "COOPCODE_TEST_KEY",
-                             "max_retries": 0})
+    env = _env(
+        expert_model={"model": "deepseek-coder", "base_url": url, "api_key_env": "COOPCODE_TEST_KEY", "max_retries": 0}
+    )
     obs, rewards, _, truncs, infos = env.step(ACTIONS)
     assert "No expert suggestions are available this turn." in obs["main"]
     assert "Suggested edits" not in obs["main"]
@@ -152,8 +158,13 @@ def test_parse_edits_without_sections_gives_the_whole_reply_to_everyone():
 
 
 def test_expert_fields_are_in_every_turns_infos_including_the_last():
-    env = CoopCodeEnv(tasks=[TASK], sandbox=FakeSandbox(), num_turns=2, external_transition="expert_edits",
-                      expert_policy=_FailingPolicy())
+    env = CoopCodeEnv(
+        tasks=[TASK],
+        sandbox=FakeSandbox(),
+        num_turns=2,
+        external_transition="expert_edits",
+        expert_policy=_FailingPolicy(),
+    )
     env.reset(options={"task": 0})
     _, _, _, _, infos = env.step(ACTIONS)
     assert infos["main"]["expert_failures"] == 1 and infos["main"]["expert_error"]

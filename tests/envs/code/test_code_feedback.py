@@ -12,27 +12,35 @@ TASK = {
     "prompt": "def inc_all(xs):\n    '''Add one to every number.'''\n",
     "entry_point": "inc_all",
     "test": "def check(candidate):\n"
-            "    assert candidate([]) == []\n"
-            "    assert candidate([1]) == [2]\n"
-            "    assert candidate([5, 6]) == [6, 7]\n"
-            "    assert candidate([0, 0]) == [1, 1] or True\n"
-            "    assert candidate([9]) == [10]\n",
+    "    assert candidate([]) == []\n"
+    "    assert candidate([1]) == [2]\n"
+    "    assert candidate([5, 6]) == [6, 7]\n"
+    "    assert candidate([0, 0]) == [1, 1] or True\n"
+    "    assert candidate([9]) == [10]\n",
 }
 AUX_WRONG = "def aux(x):\n    return x + 2\n"
 MAIN = "def inc_all(xs):\n    return [aux(x) for x in xs]\n"
-TEST_TEXT = ["assert candidate([]) == []", "assert candidate([1]) == [2]", "assert candidate([5, 6]) == [6, 7]",
-             "assert candidate([0, 0]) == [1, 1] or True", "assert candidate([9]) == [10]"]
+TEST_TEXT = [
+    "assert candidate([]) == []",
+    "assert candidate([1]) == [2]",
+    "assert candidate([5, 6]) == [6, 7]",
+    "assert candidate([0, 0]) == [1, 1] or True",
+    "assert candidate([9]) == [10]",
+]
 
 
-@pytest.mark.parametrize("sandbox_slice, shown", [
-    (1, [0]),
-    (3, [0, 1, 2]),
-    (-2, [3, 4]),
-    (0, [0, 1, 2, 3, 4]),
-    (None, [0, 1, 2, 3, 4]),
-    ("all", [0, 1, 2, 3, 4]),
-    (10, [0, 1, 2, 3, 4]),
-])
+@pytest.mark.parametrize(
+    "sandbox_slice, shown",
+    [
+        (1, [0]),
+        (3, [0, 1, 2]),
+        (-2, [3, 4]),
+        (0, [0, 1, 2, 3, 4]),
+        (None, [0, 1, 2, 3, 4]),
+        ("all", [0, 1, 2, 3, 4]),
+        (10, [0, 1, 2, 3, 4]),
+    ],
+)
 def test_select_tests(sandbox_slice, shown):
     assert select_tests(list(range(5)), validate_sandbox_slice(sandbox_slice)) == shown
 
@@ -51,9 +59,17 @@ def _two_turns(mode, **kwargs):
     return env, box, obs, infos
 
 
-@pytest.mark.parametrize("sandbox_slice, shown", [
-    (1, [0]), (3, [0, 1, 2]), (-2, [3, 4]), (0, [0, 1, 2, 3, 4]), (None, [0, 1, 2, 3, 4]), ("all", [0, 1, 2, 3, 4]),
-])
+@pytest.mark.parametrize(
+    "sandbox_slice, shown",
+    [
+        (1, [0]),
+        (3, [0, 1, 2]),
+        (-2, [3, 4]),
+        (0, [0, 1, 2, 3, 4]),
+        (None, [0, 1, 2, 3, 4]),
+        ("all", [0, 1, 2, 3, 4]),
+    ],
+)
 def test_level_feedback_shows_the_sliced_tests_but_reward_uses_all(sandbox_slice, shown):
     env, box, obs, infos = _two_turns("level_feedback", sandbox_slice=sandbox_slice)
     # the reward always runs (and counts) every test, in one sandbox run
@@ -120,12 +136,12 @@ def test_custom_callable_transition_gets_the_design_signature():
     seen = {}
 
     def custom(prompt, agent_completions, num_agents, prompt_history_per_agent=None, response_history_per_agent=None):
-        seen.update(prompt=prompt, completions=agent_completions, n=num_agents,
-                    responses=response_history_per_agent)
+        seen.update(prompt=prompt, completions=agent_completions, n=num_agents, responses=response_history_per_agent)
         return [f"again {i}" for i in range(num_agents)]
 
-    env = CoopCodeEnv(tasks=[TASK], sandbox=FakeSandbox(), num_turns=2, external_transition=custom,
-                      external_prompt_passthrough=True)
+    env = CoopCodeEnv(
+        tasks=[TASK], sandbox=FakeSandbox(), num_turns=2, external_transition=custom, external_prompt_passthrough=True
+    )
     env.reset(options={"task": 0})
     obs, *_ = env.step({"aux": AUX_WRONG, "main": MAIN})
     assert obs == {"aux": "again 0", "main": "again 1"}

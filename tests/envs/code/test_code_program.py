@@ -3,7 +3,6 @@
 import textwrap
 
 from code_fakes import FakeSandbox
-from sandbox.types import Program
 
 from envs.code.program import (
     assemble,
@@ -14,6 +13,7 @@ from envs.code.program import (
     reference_solution,
 )
 from envs.code.tasks import normalise_record
+from sandbox.types import Program
 
 
 def test_extract_code_prefers_python_fences():
@@ -88,22 +88,25 @@ def test_prompt_context_keeps_imports_and_helpers_not_the_stub():
 
 
 def test_reference_solution_joins_humaneval_body():
-    task = {"prompt": "def f(x):\n    \"\"\"doc\"\"\"\n", "canonical_solution": "    return x + 1\n",
-            "entry_point": "f"}
+    task = {"prompt": 'def f(x):\n    """doc"""\n', "canonical_solution": "    return x + 1\n", "entry_point": "f"}
     ref = reference_solution(task)
     assert "def f(x)" in ref and "return x + 1" in ref
-    assert reference_solution({"prompt": "", "canonical_solution": "def f(x):\n    return x\n", "entry_point": "f"}) \
+    assert (
+        reference_solution({"prompt": "", "canonical_solution": "def f(x):\n    return x\n", "entry_point": "f"})
         == "def f(x):\n    return x\n"
+    )
     assert reference_solution({"prompt": "", "canonical_solution": None, "entry_point": "f"}) is None
 
 
-TASK = normalise_record({
-    "task_id": "t/0",
-    "prompt": "def f(n):\n    '''double n'''\n",
-    "entry_point": "f",
-    "test": "METADATA = {}\n\ndef check(candidate):\n    import math\n    assert candidate(2) == 4\n"
-            "    for i in range(3):\n        assert candidate(i) == 2 * i\n    assert candidate(5) == 11\n",
-})
+TASK = normalise_record(
+    {
+        "task_id": "t/0",
+        "prompt": "def f(n):\n    '''double n'''\n",
+        "entry_point": "f",
+        "test": "METADATA = {}\n\ndef check(candidate):\n    import math\n    assert candidate(2) == 4\n"
+        "    for i in range(3):\n        assert candidate(i) == 2 * i\n    assert candidate(5) == 11\n",
+    }
+)
 
 
 def _run(source_code: str):
@@ -122,10 +125,13 @@ def test_harness_runs_each_statement_and_reports_the_actual_value():
 
 def test_test_locals_do_not_shadow_program_globals():
     # check() locals (here `str`) must not leak into the candidate's globals
-    task = normalise_record({
-        "prompt": "def g(x):\n    pass\n", "entry_point": "g",
-        "test": "def check(candidate):\n    str = 'shadow'\n    assert candidate(3) == '3'\n",
-    })
+    task = normalise_record(
+        {
+            "prompt": "def g(x):\n    pass\n",
+            "entry_point": "g",
+            "test": "def check(candidate):\n    str = 'shadow'\n    assert candidate(3) == '3'\n",
+        }
+    )
     prelude, tests = build_test_harness(task)
     program = "def g(x):\n    return str(x)\n\n" + prelude
     result = FakeSandbox().run([Program(program, tests, per_assert=True)])[0]
@@ -133,11 +139,14 @@ def test_test_locals_do_not_shadow_program_globals():
 
 
 def test_generator_expressions_see_test_locals():
-    task = normalise_record({
-        "prompt": "def g(s):\n    pass\n", "entry_point": "g",
-        "test": "def check(candidate):\n    letters = 'abc'\n"
-                "    s = ''.join(c for c in letters)\n    assert candidate(s) == 'abc'\n",
-    })
+    task = normalise_record(
+        {
+            "prompt": "def g(s):\n    pass\n",
+            "entry_point": "g",
+            "test": "def check(candidate):\n    letters = 'abc'\n"
+            "    s = ''.join(c for c in letters)\n    assert candidate(s) == 'abc'\n",
+        }
+    )
     prelude, tests = build_test_harness(task)
     result = FakeSandbox().run([Program("def g(s):\n    return s\n\n" + prelude, tests, per_assert=True)])[0]
     assert all(a.passed for a in result.asserts)

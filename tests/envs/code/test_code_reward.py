@@ -1,19 +1,19 @@
 """Reward levels on hand-written aux / main pairs (fake in-process sandbox)."""
 
 import pytest
+from code_fakes import FakeSandbox
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from code_fakes import FakeSandbox
 
 from envs.code import CoopCodeEnv, RewardWeights
 
 TASK = {
     "task_id": "custom/even_squares",
     "prompt": "from typing import List\n\ndef sum_even_squares(xs: List[int]) -> int:\n"
-              "    '''Sum of the squares of the even numbers in xs.'''\n",
+    "    '''Sum of the squares of the even numbers in xs.'''\n",
     "entry_point": "sum_even_squares",
     "test": "def check(candidate):\n    assert candidate([1, 2, 3, 4]) == 20\n    assert candidate([]) == 0\n"
-            "    assert candidate([2]) == 4\n    assert candidate([1, 3]) == 0\n",
+    "    assert candidate([2]) == 4\n    assert candidate([1, 3]) == 0\n",
 }
 AUX_SQ_EVEN = "def aux(x):\n    return x * x if x % 2 == 0 else 0\n"
 AUX_SQ = "def aux(x):\n    return x * x\n"
@@ -29,25 +29,32 @@ def _step(actions, **kwargs):
     return rewards["main"], infos["main"]
 
 
-@pytest.mark.parametrize("aux, main, reward, levels", [
-    # aux and main both right, main really uses aux
-    (AUX_SQ_EVEN, MAIN_USES, 4.0, (1, 1, 1, 1)),
-    # thin wrapper: aux does everything
-    ("def aux(xs):\n    return sum(x * x for x in xs if x % 2 == 0)\n",
-     "def sum_even_squares(xs):\n    r = aux(xs)\n    out = r\n    return out\n", 3.25, (1, 1, 1, 0.25)),
-    # main solves alone; aux only named in a comment
-    (AUX_SQ, "def sum_even_squares(xs):\n    # aux(x) could help\n" + SOLO.split("\n", 1)[1], 3.0, (1, 1, 1, 0)),
-    # main calls aux but throws the value away
-    (AUX_SQ, "def sum_even_squares(xs):\n    aux(0)\n" + SOLO.split("\n", 1)[1], 3.0, (1, 1, 1, 0)),
-    # half the tests pass ([1,2,3,4] -> 30, [1,3] -> 10 are wrong)
-    (AUX_SQ, MAIN_USES, 3.0, (1, 1, 0.5, 1)),
-    # aux missing: main's call raises NameError except on [] (nothing to call aux on)
-    ("", MAIN_USES, 1.25, (0.5, 1, 0.25, 0)),
-    # main does not parse: nothing can run
-    (AUX_SQ_EVEN, "def sum_even_squares(xs):\n    return sum(aux(x) for x in xs\n", 0.25, (0.5, 0, 0, 0)),
-    # cooperation pays only once a test passes
-    (AUX_SQ_EVEN, "def sum_even_squares(xs):\n    return aux(len(xs)) - 7\n", 1.0, (1, 1, 0, 0)),
-])
+@pytest.mark.parametrize(
+    "aux, main, reward, levels",
+    [
+        # aux and main both right, main really uses aux
+        (AUX_SQ_EVEN, MAIN_USES, 4.0, (1, 1, 1, 1)),
+        # thin wrapper: aux does everything
+        (
+            "def aux(xs):\n    return sum(x * x for x in xs if x % 2 == 0)\n",
+            "def sum_even_squares(xs):\n    r = aux(xs)\n    out = r\n    return out\n",
+            3.25,
+            (1, 1, 1, 0.25),
+        ),
+        # main solves alone; aux only named in a comment
+        (AUX_SQ, "def sum_even_squares(xs):\n    # aux(x) could help\n" + SOLO.split("\n", 1)[1], 3.0, (1, 1, 1, 0)),
+        # main calls aux but throws the value away
+        (AUX_SQ, "def sum_even_squares(xs):\n    aux(0)\n" + SOLO.split("\n", 1)[1], 3.0, (1, 1, 1, 0)),
+        # half the tests pass ([1,2,3,4] -> 30, [1,3] -> 10 are wrong)
+        (AUX_SQ, MAIN_USES, 3.0, (1, 1, 0.5, 1)),
+        # aux missing: main's call raises NameError except on [] (nothing to call aux on)
+        ("", MAIN_USES, 1.25, (0.5, 1, 0.25, 0)),
+        # main does not parse: nothing can run
+        (AUX_SQ_EVEN, "def sum_even_squares(xs):\n    return sum(aux(x) for x in xs\n", 0.25, (0.5, 0, 0, 0)),
+        # cooperation pays only once a test passes
+        (AUX_SQ_EVEN, "def sum_even_squares(xs):\n    return aux(len(xs)) - 7\n", 1.0, (1, 1, 0, 0)),
+    ],
+)
 def test_levels_on_hand_written_pairs(aux, main, reward, levels):
     got, info = _step({"aux": aux, "main": main})
     assert got == pytest.approx(reward)
@@ -110,13 +117,30 @@ def test_early_termination_at_full_reward():
     assert env.agents == []
 
 
-FRAGMENTS = [AUX_SQ, AUX_SQ_EVEN, MAIN_USES, SOLO, "def aux(:\n", "```python\n", "```\n", "return 1\n",
-             "    return aux(x)\n", "print(1)\n", "import math\n", "def sum_even_squares(xs):\n", "\x00", "# aux(x)\n"]
+FRAGMENTS = [
+    AUX_SQ,
+    AUX_SQ_EVEN,
+    MAIN_USES,
+    SOLO,
+    "def aux(:\n",
+    "```python\n",
+    "```\n",
+    "return 1\n",
+    "    return aux(x)\n",
+    "print(1)\n",
+    "import math\n",
+    "def sum_even_squares(xs):\n",
+    "\x00",
+    "# aux(x)\n",
+]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(FRAGMENTS), max_size=5), st.lists(st.sampled_from(FRAGMENTS), max_size=5),
-       st.sampled_from([True, False]))
+@given(
+    st.lists(st.sampled_from(FRAGMENTS), max_size=5),
+    st.lists(st.sampled_from(FRAGMENTS), max_size=5),
+    st.sampled_from([True, False]),
+)
 def test_reward_is_the_weighted_sum_of_its_levels(aux_parts, main_parts, single):
     env = CoopCodeEnv(tasks=[TASK], sandbox=FakeSandbox(), agents="single" if single else "team")
     env.reset(options={"task": 0})
@@ -124,8 +148,12 @@ def test_reward_is_the_weighted_sum_of_its_levels(aux_parts, main_parts, single)
     _, rewards, _, _, infos = env.step(actions)
     info = infos["main"]
     lv, w = info["levels"], RewardWeights()
-    expected = (w.definitions * lv["definitions"] + w.syntax * lv["syntax"] + w.tests * lv["tests"]
-                + (w.cooperation * lv["cooperation"] if lv["cooperation"] is not None else 0.0))
+    expected = (
+        w.definitions * lv["definitions"]
+        + w.syntax * lv["syntax"]
+        + w.tests * lv["tests"]
+        + (w.cooperation * lv["cooperation"] if lv["cooperation"] is not None else 0.0)
+    )
     assert rewards["main"] == pytest.approx(expected)
     assert 0.0 <= rewards["main"] <= info["max_reward"]
     assert all(v is None or 0.0 <= v <= 1.0 for v in lv.values())

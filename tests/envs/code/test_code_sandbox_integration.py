@@ -16,12 +16,14 @@ TASK = {
     "prompt": "def clip_all(xs, lo, hi):\n    '''Clip every number into [lo, hi].'''\n",
     "entry_point": "clip_all",
     "test": "def check(candidate):\n"
-            "    assert candidate([1, 5, 9], 2, 8) == [2, 5, 8]\n"
-            "    assert candidate([], 0, 1) == []\n"
-            "    assert candidate([-3], -1, 1) == [-1]\n",
+    "    assert candidate([1, 5, 9], 2, 8) == [2, 5, 8]\n"
+    "    assert candidate([], 0, 1) == []\n"
+    "    assert candidate([-3], -1, 1) == [-1]\n",
 }
-GOOD = {"aux": "def aux(x, lo, hi):\n    return max(lo, min(hi, x))\n",
-        "main": "def clip_all(xs, lo, hi):\n    return [aux(x, lo, hi) for x in xs]\n"}
+GOOD = {
+    "aux": "def aux(x, lo, hi):\n    return max(lo, min(hi, x))\n",
+    "main": "def clip_all(xs, lo, hi):\n    return [aux(x, lo, hi) for x in xs]\n",
+}
 HOSTILE = {
     "infinite_loop": "def clip_all(xs, lo, hi):\n    while True:\n        pass\n",
     "memory_bomb": "def clip_all(xs, lo, hi):\n    return [0] * (10 ** 10)\n",
@@ -33,8 +35,15 @@ HOSTILE = {
 
 
 def _steps(box, actions_list, **kwargs):
-    env = CoopCodeEnv(tasks=[TASK], sandbox=box, sandbox_timeout=2.0, num_turns=2,
-                      external_transition="level_feedback", sandbox_slice="all", **kwargs)
+    env = CoopCodeEnv(
+        tasks=[TASK],
+        sandbox=box,
+        sandbox_timeout=2.0,
+        num_turns=2,
+        external_transition="level_feedback",
+        sandbox_slice="all",
+        **kwargs,
+    )
     clones = []
     for _ in actions_list:
         clone = env.clone()
@@ -76,7 +85,7 @@ def test_real_sandbox_scores_and_batches(process_box, monkeypatch):
 
 def test_real_per_assert_outcomes_feed_level_feedback(process_box):
     wrong = {"aux": "def aux(x, lo, hi):\n    return min(lo, max(hi, x))\n", "main": GOOD["main"]}
-    (obs, _, _, _, infos), = _steps(process_box, [wrong])
+    ((obs, _, _, _, infos),) = _steps(process_box, [wrong])
     info = infos["main"]
     assert [o["passed"] for o in info["test_outcomes"]] == [False, True, True]
     assert info["tests_passed"] == 2 and info["levels"]["tests"] == pytest.approx(2 / 3)

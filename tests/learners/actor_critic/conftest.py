@@ -25,8 +25,20 @@ def team() -> Team:
 
 
 def base_options(tmp_path, **overrides) -> dict:
-    opts = dict(num_turns=1, num_generations=1, max_new_tokens=3, temperature=1.0, top_p=1.0,
-                rollout_buffer_size=2, eval_interval=0, output_dir=str(tmp_path / "run"), device="cpu",
-                agent_learning_rate=1e-3, critic_learning_rate=1e-3, seed=0, env_kwargs=short_prompts())
+    opts = dict(
+        num_turns=1,
+        num_generations=1,
+        max_new_tokens=3,
+        temperature=1.0,
+        top_p=1.0,
+        rollout_buffer_size=2,
+        eval_interval=0,
+        output_dir=str(tmp_path / "run"),
+        device="cpu",
+        agent_learning_rate=1e-3,
+        critic_learning_rate=1e-3,
+        seed=0,
+        env_kwargs=short_prompts(),
+    )
     opts.update(overrides)
     return opts

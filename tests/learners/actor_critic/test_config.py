@@ -28,9 +28,17 @@ def test_q_critic_needs_two_episodes_per_update():
         IACConfig(critic_type="q", rollout_buffer_size=1)
 
 
-@pytest.mark.parametrize("option,value", [("value_clip_range", 0.0), ("value_loss_coef", -1.0),
-                                          ("critic_learning_rate", 0.0), ("rollout_buffer_size", 0),
-                                          ("discount", 1.5), ("train_batch_size", 0)])
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("value_clip_range", 0.0),
+        ("value_loss_coef", -1.0),
+        ("critic_learning_rate", 0.0),
+        ("rollout_buffer_size", 0),
+        ("discount", 1.5),
+        ("train_batch_size", 0),
+    ],
+)
 def test_bad_values_name_the_option(option, value):
     with pytest.raises(ConfigError, match=option):
         MAACConfig(**{option: value})
@@ -45,8 +53,21 @@ def test_critic_learning_rate_defaults_to_the_agents_when_none():
 def test_comlrl_option_names_and_overrides():
     cfg = IACConfig().with_overrides(["use_separate_critic=false", "value_clip_range=null", "critic_type=q"])
     assert cfg.use_separate_critic is False and cfg.value_clip_range is None and cfg.critic_type == "q"
-    for name in ["num_turns", "num_generations", "discount", "rollout_buffer_size", "value_clip_range",
-                 "value_loss_coef", "advantage_normalization", "agent_learning_rate", "critic_learning_rate",
-                 "max_new_tokens", "temperature", "top_p", "critic_type", "critic_model"]:
+    for name in [
+        "num_turns",
+        "num_generations",
+        "discount",
+        "rollout_buffer_size",
+        "value_clip_range",
+        "value_loss_coef",
+        "advantage_normalization",
+        "agent_learning_rate",
+        "critic_learning_rate",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "critic_type",
+        "critic_model",
+    ]:
         assert hasattr(MAACConfig(), name)
     assert MAACConfig().value_clip_range is None and IACConfig().value_clip_range == 0.2

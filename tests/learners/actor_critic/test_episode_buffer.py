@@ -11,8 +11,10 @@ from learners.common.episodes import AgentTurn, Episode, Turn
 
 
 def _episode(task: int, rewards: list[float]) -> Episode:
-    turns = [Turn([AgentTurn(f"p{t}", f"c{t}", [1, 2], [3, t]), AgentTurn("q", "d", [4], [])], r, f"state {t}")
-             for t, r in enumerate(rewards)]
+    turns = [
+        Turn([AgentTurn(f"p{t}", f"c{t}", [1, 2], [3, t]), AgentTurn("q", "d", [4], [])], r, f"state {t}")
+        for t, r in enumerate(rewards)
+    ]
     return Episode(task=task, turns=turns, terminated=len(rewards) < 3)
 
 

@@ -9,11 +9,20 @@ from .conftest import ENV, base_options
 
 
 def test_iac_value_head_critic_loss_falls_and_reward_rises(team, tmp_path):
-    cfg = IACConfig(**base_options(
-        tmp_path, num_generations=4, rollout_buffer_size=4, max_new_tokens=10, use_separate_critic=False,
-        agent_learning_rate=2e-2, critic_learning_rate=3e-3, train_task_slice=":2", num_train_epochs=12,
-        value_clip_range=0.2,
-    ))
+    cfg = IACConfig(
+        **base_options(
+            tmp_path,
+            num_generations=4,
+            rollout_buffer_size=4,
+            max_new_tokens=10,
+            use_separate_critic=False,
+            agent_learning_rate=2e-2,
+            critic_learning_rate=3e-3,
+            train_task_slice=":2",
+            num_train_epochs=12,
+            value_clip_range=0.2,
+        )
+    )
     trainer = IACTrainer(cfg, team, ENV)
     trainer.train()
     rewards = [h["turn_1/reward_mean"] for h in trainer.history if "turn_1/reward_mean" in h]

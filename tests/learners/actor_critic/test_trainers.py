@@ -23,8 +23,17 @@ def _count_steps(optimizer, counter: list[int]) -> None:
 
 
 def test_updates_run_when_the_buffer_fills_and_the_epoch_remainder_is_flushed(team, tmp_path):
-    cfg = IACConfig(**base_options(tmp_path, num_generations=2, rollout_buffer_size=3, use_separate_critic=False,
-                                   train_task_slice=":3", num_train_epochs=2, max_new_tokens=2))
+    cfg = IACConfig(
+        **base_options(
+            tmp_path,
+            num_generations=2,
+            rollout_buffer_size=3,
+            use_separate_critic=False,
+            train_task_slice=":3",
+            num_train_epochs=2,
+            max_new_tokens=2,
+        )
+    )
     trainer = IACTrainer(cfg, team, ENV)
     steps: list[int] = []
     _count_steps(trainer.actor_optimizers[0], steps)
@@ -32,8 +41,10 @@ def test_updates_run_when_the_buffer_fills_and_the_epoch_remainder_is_flushed(te
     # 2 episodes per task item, 3 items per epoch: the buffer (3) is full after item 2, the
     # epoch's remaining 2 episodes are flushed after item 3 (never carried into epoch 2).
     assert trainer.update_log == [
-        UpdateRecord(2, 4, 4, "buffer_full"), UpdateRecord(3, 6, 2, "epoch_end"),
-        UpdateRecord(5, 10, 4, "buffer_full"), UpdateRecord(6, 12, 2, "epoch_end"),
+        UpdateRecord(2, 4, 4, "buffer_full"),
+        UpdateRecord(3, 6, 2, "epoch_end"),
+        UpdateRecord(5, 10, 4, "buffer_full"),
+        UpdateRecord(6, 12, 2, "epoch_end"),
     ]
     assert trainer.episodes_collected == 12 and len(trainer.buffer) == 0
     # train_batch_size=None: one optimizer step per update round (single turn)
@@ -41,8 +52,16 @@ def test_updates_run_when_the_buffer_fills_and_the_epoch_remainder_is_flushed(te
 
 
 def test_train_batch_size_sets_optimizer_steps_per_round(team, tmp_path):
-    cfg = MAACConfig(**base_options(tmp_path, num_generations=4, rollout_buffer_size=4, train_batch_size=3,
-                                    train_task_slice=":2", max_new_tokens=2))
+    cfg = MAACConfig(
+        **base_options(
+            tmp_path,
+            num_generations=4,
+            rollout_buffer_size=4,
+            train_batch_size=3,
+            train_task_slice=":2",
+            max_new_tokens=2,
+        )
+    )
     trainer = MAACTrainer(cfg, team, ENV)
     actor, critic = [], []
     _count_steps(trainer.actor_optimizers[1], actor)
@@ -53,8 +72,16 @@ def test_train_batch_size_sets_optimizer_steps_per_round(team, tmp_path):
 
 
 def test_multi_turn_policy_never_updates_between_turns(team, tmp_path):
-    cfg = IACConfig(**base_options(tmp_path, num_turns=3, rollout_buffer_size=1, use_separate_critic=False,
-                                   train_task_slice=":2", max_new_tokens=2))
+    cfg = IACConfig(
+        **base_options(
+            tmp_path,
+            num_turns=3,
+            rollout_buffer_size=1,
+            use_separate_critic=False,
+            train_task_slice=":2",
+            max_new_tokens=2,
+        )
+    )
     trainer = IACTrainer(cfg, team, ENV)
     seen: list[tuple[int, int]] = []  # (task item, update rounds so far) at every generate call
     for policy in trainer.policies:
@@ -74,8 +101,16 @@ def test_multi_turn_policy_never_updates_between_turns(team, tmp_path):
 
 
 def test_early_terminated_episodes_are_short_and_flagged(team, tmp_path):
-    cfg = MAACConfig(**base_options(tmp_path, num_turns=3, early_termination_threshold=0.0,
-                                    rollout_buffer_size=5, train_task_slice=":3", max_new_tokens=2))
+    cfg = MAACConfig(
+        **base_options(
+            tmp_path,
+            num_turns=3,
+            early_termination_threshold=0.0,
+            rollout_buffer_size=5,
+            train_task_slice=":3",
+            max_new_tokens=2,
+        )
+    )
     trainer = MAACTrainer(cfg, team, ENV)
     trainer.train_step()
     (episode,) = list(trainer.buffer)
@@ -109,8 +144,17 @@ def _capture_update_episodes(trainer) -> list:
 
 @pytest.mark.parametrize("critic_type", ["v", "q"])
 def test_iac_critic_reads_only_its_own_agents_text(team, tmp_path, critic_type):
-    cfg = IACConfig(**base_options(tmp_path, rollout_buffer_size=2, critic_type=critic_type, env_kwargs={},
-                                   use_separate_critic=False, max_steps=2, max_new_tokens=4))
+    cfg = IACConfig(
+        **base_options(
+            tmp_path,
+            rollout_buffer_size=2,
+            critic_type=critic_type,
+            env_kwargs={},
+            use_separate_critic=False,
+            max_steps=2,
+            max_new_tokens=4,
+        )
+    )
     trainer = IACTrainer(cfg, team, ENV)
     calls = _record_critic_inputs(trainer)
     captured = _capture_update_episodes(trainer)
@@ -127,8 +171,17 @@ def test_iac_critic_reads_only_its_own_agents_text(team, tmp_path, critic_type):
 
 @pytest.mark.parametrize("critic_type", ["v", "q"])
 def test_maac_critic_reads_every_agents_text(team, tmp_path, critic_type):
-    cfg = MAACConfig(**base_options(tmp_path, rollout_buffer_size=1, critic_type=critic_type, env_kwargs={},
-                                    max_steps=1, max_new_tokens=4, num_generations=2 if critic_type == "q" else 1))
+    cfg = MAACConfig(
+        **base_options(
+            tmp_path,
+            rollout_buffer_size=1,
+            critic_type=critic_type,
+            env_kwargs={},
+            max_steps=1,
+            max_new_tokens=4,
+            num_generations=2 if critic_type == "q" else 1,
+        )
+    )
     trainer = MAACTrainer(cfg, team, ENV)
     calls = _record_critic_inputs(trainer)
     captured = _capture_update_episodes(trainer)
@@ -181,15 +234,24 @@ def _weights(trainer) -> list[torch.Tensor]:
 
 
 def test_resume_equals_uninterrupted(tmp_path):
-    from .conftest import AGENTS
     from comlrl_core.models.agent_spec import AgentSpec
     from comlrl_core.models.team import Team
+
+    from .conftest import AGENTS
 
     def fresh(run: str) -> IACTrainer:
         torch.manual_seed(0)
         t = Team.from_specs([AgentSpec(model="tiny-random", device="cpu") for _ in AGENTS])
-        cfg = IACConfig(**base_options(tmp_path / run, rollout_buffer_size=3, num_generations=2,
-                                       use_separate_critic=True, train_task_slice=":4", max_new_tokens=2))
+        cfg = IACConfig(
+            **base_options(
+                tmp_path / run,
+                rollout_buffer_size=3,
+                num_generations=2,
+                use_separate_critic=True,
+                train_task_slice=":4",
+                max_new_tokens=2,
+            )
+        )
         return IACTrainer(cfg, t, ENV)
 
     straight = fresh("a")

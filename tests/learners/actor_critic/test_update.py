@@ -19,8 +19,9 @@ class RecordingSGD(torch.optim.SGD):
         self.seen: list[list[torch.Tensor | None]] = []
 
     def step(self, closure=None):
-        self.seen.append([None if p.grad is None else p.grad.detach().clone()
-                          for g in self.param_groups for p in g["params"]])
+        self.seen.append(
+            [None if p.grad is None else p.grad.detach().clone() for g in self.param_groups for p in g["params"]]
+        )
         return super().step(closure)
 
 
@@ -41,9 +42,19 @@ def _samples(policy, critic) -> Samples:
 def _grads(policy, critic, micro: int, clip: float | None = None):
     actor_opt, critic_opt = RecordingSGD(policy.parameters()), RecordingSGD(critic.trainable_parameters())
     samples = _samples(policy, critic)
-    optimize_batch(samples, [0, 1, 2, 3], optimizers=[actor_opt, critic_opt], policy=policy, critic=critic,
-                   value_loss_coef=0.6, value_clip_range=clip, micro_batch_size=micro, max_grad_norm=None,
-                   step=0, who="agent 0")
+    optimize_batch(
+        samples,
+        [0, 1, 2, 3],
+        optimizers=[actor_opt, critic_opt],
+        policy=policy,
+        critic=critic,
+        value_loss_coef=0.6,
+        value_clip_range=clip,
+        micro_batch_size=micro,
+        max_grad_norm=None,
+        step=0,
+        who="agent 0",
+    )
     return actor_opt.seen[0], critic_opt.seen[0]
 
 
@@ -63,18 +74,38 @@ def test_value_head_loss_reaches_the_actor_trunk_but_a_separate_critic_does_not(
     samples = _samples(policy, head)
     samples.advantages = [0.0] * 4  # no actor signal: any actor gradient comes from the value loss
     opt = RecordingSGD(policy.parameters())
-    optimize_batch(samples, [0, 1, 2, 3], optimizers=[opt, RecordingSGD(head.trainable_parameters())],
-                   policy=policy, critic=head, value_loss_coef=1.0, value_clip_range=None,
-                   micro_batch_size=4, max_grad_norm=None, step=0, who="a")
+    optimize_batch(
+        samples,
+        [0, 1, 2, 3],
+        optimizers=[opt, RecordingSGD(head.trainable_parameters())],
+        policy=policy,
+        critic=head,
+        value_loss_coef=1.0,
+        value_clip_range=None,
+        micro_batch_size=4,
+        max_grad_norm=None,
+        step=0,
+        who="a",
+    )
     assert sum(float(g.abs().sum()) for g in opt.seen[0] if g is not None) > 0
 
     separate = ModelCritic(team[1])  # another model plays the separate critic
     samples = _samples(policy, separate)
     samples.advantages = [0.0] * 4
     opt = RecordingSGD(policy.parameters())
-    optimize_batch(samples, [0, 1, 2, 3], optimizers=[opt, RecordingSGD(separate.trainable_parameters())],
-                   policy=policy, critic=separate, value_loss_coef=1.0, value_clip_range=None,
-                   micro_batch_size=4, max_grad_norm=None, step=0, who="a")
+    optimize_batch(
+        samples,
+        [0, 1, 2, 3],
+        optimizers=[opt, RecordingSGD(separate.trainable_parameters())],
+        policy=policy,
+        critic=separate,
+        value_loss_coef=1.0,
+        value_clip_range=None,
+        micro_batch_size=4,
+        max_grad_norm=None,
+        step=0,
+        who="a",
+    )
     assert all(g is None or float(g.abs().sum()) == 0.0 for g in opt.seen[0])
 
 

@@ -1,5 +1,6 @@
 """Grouped scoring with shared prompt prefixes equals scoring every row on its own:
 the same log-probs and the same gradients, whatever the groups' prompts share."""
+
 from __future__ import annotations
 
 import functools

@@ -11,10 +11,25 @@ from learners.madpo import MADPOIterConfig, MADPOIterTrainer
 
 
 def _config(tmp_path, **kw):
-    base = dict(num_iterations=3, preference_num_candidates=4, preference_pairs_per_sample=2, max_new_tokens=3,
-                temperature=1.0, top_p=1.0, top_k=None, num_train_epochs=1, train_batch_size=2, eval_interval=0,
-                agent_learning_rate=0.1, output_dir=str(tmp_path / "run"), progress_bar=False, seed=5,
-                preference_replay_mode="lambda_decay", preference_replay_lambda=0.5, preference_replay_sample_size=5)
+    base = dict(
+        num_iterations=3,
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        max_new_tokens=3,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        num_train_epochs=1,
+        train_batch_size=2,
+        eval_interval=0,
+        agent_learning_rate=0.1,
+        output_dir=str(tmp_path / "run"),
+        progress_bar=False,
+        seed=5,
+        preference_replay_mode="lambda_decay",
+        preference_replay_lambda=0.5,
+        preference_replay_sample_size=5,
+    )
     base.update(kw)
     return MADPOIterConfig(**base)
 
@@ -42,8 +57,9 @@ def test_rounds_write_files_and_resume_equals_uninterrupted(tmp_path):
     (tmp_path / "b" / "run" / "preference_replay" / "iteration_0001.json").write_text("{}")  # damaged meanwhile
     resumed = MADPOIterTrainer(_config(tmp_path / "b"), _team(8, 9), env_factory(a_fraction, 4))
     resumed.resume_from_checkpoint(ckpt)
-    assert [(r.iteration, r.num_pairs) for r in resumed.replay.rounds] == [(r.iteration, r.num_pairs)
-                                                                          for r in full.replay.rounds[:2]]
+    assert [(r.iteration, r.num_pairs) for r in resumed.replay.rounds] == [
+        (r.iteration, r.num_pairs) for r in full.replay.rounds[:2]
+    ]
     resumed.train()
     assert resumed.global_step == full.global_step and resumed.iteration == 3
     for a, b in zip(full.policies, resumed.policies):

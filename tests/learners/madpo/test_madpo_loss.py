@@ -40,9 +40,17 @@ def test_drop_last_real_token():
 
 
 def _pair(w0, l0, w1, l1) -> PreferencePair:
-    return PreferencePair(prompts=["ab", "cd"], winner_completions=["x", "y"], loser_completions=["u", "v"],
-                          winner_reward=1.0, loser_reward=0.0, candidate_reward_mean=0.5,
-                          prompt_ids=[[1, 2], [3, 4]], winner_ids=[w0, w1], loser_ids=[l0, l1])
+    return PreferencePair(
+        prompts=["ab", "cd"],
+        winner_completions=["x", "y"],
+        loser_completions=["u", "v"],
+        winner_reward=1.0,
+        loser_reward=0.0,
+        candidate_reward_mean=0.5,
+        prompt_ids=[[1, 2], [3, 4]],
+        winner_ids=[w0, w1],
+        loser_ids=[l0, l1],
+    )
 
 
 def test_margins_count_every_token_or_all_but_the_last():
@@ -53,8 +61,9 @@ def test_margins_count_every_token_or_all_but_the_last():
     logp_l = policy.sequence_logprobs(prompt, lose)
     assert full.item() == pytest.approx((logp_w - logp_l).item(), rel=1e-6)
     short = pair_margins(policy, prompt, win, lose, exclude_last_token=True)
-    assert short.item() == pytest.approx((policy.sequence_logprobs(prompt, [[3, 4]])
-                                          - policy.sequence_logprobs(prompt, [[5]])).item(), rel=1e-6)
+    assert short.item() == pytest.approx(
+        (policy.sequence_logprobs(prompt, [[3, 4]]) - policy.sequence_logprobs(prompt, [[5]])).item(), rel=1e-6
+    )
 
 
 def test_update_moves_only_the_trained_direction_and_micro_batching_agrees():
@@ -63,11 +72,19 @@ def test_update_moves_only_the_trained_direction_and_micro_batching_agrees():
     for micro in (1, 2):
         pols = [BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]
         opts = [torch.optim.SGD(p.parameters(), lr=0.5) for p in pols]
-        before = [pair_margins(p, [q.prompt_ids[i] for q in pairs], [q.winner_ids[i] for q in pairs],
-                               [q.loser_ids[i] for q in pairs]).detach() for i, p in enumerate(pols)]
+        before = [
+            pair_margins(
+                p, [q.prompt_ids[i] for q in pairs], [q.winner_ids[i] for q in pairs], [q.loser_ids[i] for q in pairs]
+            ).detach()
+            for i, p in enumerate(pols)
+        ]
         out = madpo_update(pols, opts, pairs, beta=0.1, micro_batch_size=micro)
-        after = [pair_margins(p, [q.prompt_ids[i] for q in pairs], [q.winner_ids[i] for q in pairs],
-                              [q.loser_ids[i] for q in pairs]).detach() for i, p in enumerate(pols)]
+        after = [
+            pair_margins(
+                p, [q.prompt_ids[i] for q in pairs], [q.winner_ids[i] for q in pairs], [q.loser_ids[i] for q in pairs]
+            ).detach()
+            for i, p in enumerate(pols)
+        ]
         assert (sum(after) > sum(before)).all()  # the joint margin grows on every pair
         results.append((out.loss, [p.logits.detach().clone() for p in pols]))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)

@@ -14,27 +14,46 @@ from learners.madpo import MADPOConfig, MADPOTrainer
 from learners.preference.candidates import reset_tasks, sample_candidates, score_tasks
 
 
-@pytest.mark.parametrize("kw,option", [
-    (dict(num_turns=2), "num_turns"), (dict(joint_mode="cross"), "joint_mode"),
-    (dict(pair_selection="all"), "preference_pairs_per_sample"), (dict(pair_selection="comparator_reward"), "pair_selection"),
-    (dict(preference_num_candidates=1), "preference_num_candidates"), (dict(dpo_beta=0.0), "dpo_beta"),
-])
+@pytest.mark.parametrize(
+    "kw,option",
+    [
+        (dict(num_turns=2), "num_turns"),
+        (dict(joint_mode="cross"), "joint_mode"),
+        (dict(pair_selection="all"), "preference_pairs_per_sample"),
+        (dict(pair_selection="comparator_reward"), "pair_selection"),
+        (dict(preference_num_candidates=1), "preference_num_candidates"),
+        (dict(dpo_beta=0.0), "dpo_beta"),
+    ],
+)
 def test_config_errors_name_the_option(kw, option):
     with pytest.raises(ConfigError, match=option):
         MADPOConfig(**kw)
 
 
 def _config(tmp_path, **kw):
-    base = dict(preference_num_candidates=4, preference_pairs_per_sample=2, max_new_tokens=3, temperature=1.0,
-                top_p=1.0, top_k=None, num_train_epochs=2, train_batch_size=2, eval_interval=0,
-                agent_learning_rate=0.1, output_dir=str(tmp_path / "run"), progress_bar=False, seed=1)
+    base = dict(
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        max_new_tokens=3,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        num_train_epochs=2,
+        train_batch_size=2,
+        eval_interval=0,
+        agent_learning_rate=0.1,
+        output_dir=str(tmp_path / "run"),
+        progress_bar=False,
+        seed=1,
+    )
     base.update(kw)
     return MADPOConfig(**base)
 
 
 def _env(reward_fn, counter=None):
-    return lambda **kw: CountingEnv(reward_fn=reward_fn, num_tasks=3, counter=counter, **{k: v for k, v in kw.items()
-                                                                                          if k == "num_turns"})
+    return lambda **kw: CountingEnv(
+        reward_fn=reward_fn, num_tasks=3, counter=counter, **{k: v for k, v in kw.items() if k == "num_turns"}
+    )
 
 
 def test_no_pairs_means_no_update(tmp_path):
@@ -50,8 +69,9 @@ def test_no_pairs_means_no_update(tmp_path):
 def test_pairs_metrics_and_resume(tmp_path):
     reward = lambda t, a, turn: (a["a0"] + a["a1"]).count("a") / max(1, len(a["a0"] + a["a1"]))
     counter = {"steps": 0, "batches": 0, "clones": 0, "resets": 0}
-    trainer = MADPOTrainer(_config(tmp_path), FakeTeam([BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]),
-                           _env(reward, counter))
+    trainer = MADPOTrainer(
+        _config(tmp_path), FakeTeam([BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]), _env(reward, counter)
+    )
     trainer.train(stop_after=2)
     assert counter["batches"] == 1  # all 3 tasks x 4 candidates scored in one step_many call
     pairs = trainer.pairs
@@ -63,8 +83,9 @@ def test_pairs_metrics_and_resume(tmp_path):
     assert all(r["turn_1/reward_mean"] == r["turn_1/expected_return"] for r in rows)
     final = [p.logits.detach().clone() for p in trainer.policies]
 
-    again = MADPOTrainer(_config(tmp_path), FakeTeam([BigramPolicy(init_seed=7), BigramPolicy(init_seed=8)]),
-                         _env(reward))
+    again = MADPOTrainer(
+        _config(tmp_path), FakeTeam([BigramPolicy(init_seed=7), BigramPolicy(init_seed=8)]), _env(reward)
+    )
     again.resume_from_checkpoint(ckpt)
     assert [p.to_record() for p in again.pairs] == [p.to_record() for p in pairs]
     again.train()
@@ -83,11 +104,24 @@ def test_madpo_raises_the_win_rate_on_writing(tmp_path):
     torch.manual_seed(0)
     team = Team.from_specs([AgentSpec(tiny_model_path(), device="cpu", use_chat_template=False)] * 2)
     short = lambda p: p[:60]  # noqa: E731 -- short prompts keep the test fast
-    cfg = MADPOConfig(preference_num_candidates=8, preference_pairs_per_sample=4, preference_max_tasks=8,
-                      temperature=1.0, top_p=1.0, top_k=None, max_new_tokens=4, num_train_epochs=6,
-                      train_batch_size=8, eval_interval=0, agent_learning_rate=3e-3, save_final_checkpoint=False,
-                      seed=0, progress_bar=False, output_dir=str(tmp_path / "run"),
-                      env_kwargs={"expansion_ratio": 1.0, "formatters": {"summarizer": short, "expander": short}})
+    cfg = MADPOConfig(
+        preference_num_candidates=8,
+        preference_pairs_per_sample=4,
+        preference_max_tasks=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        max_new_tokens=4,
+        num_train_epochs=6,
+        train_batch_size=8,
+        eval_interval=0,
+        agent_learning_rate=3e-3,
+        save_final_checkpoint=False,
+        seed=0,
+        progress_bar=False,
+        output_dir=str(tmp_path / "run"),
+        env_kwargs={"expansion_ratio": 1.0, "formatters": {"summarizer": short, "expander": short}},
+    )
     trainer = MADPOTrainer(cfg, team, "comlrl/Writing-v0")
     initial = copy.deepcopy(trainer.policies)
 

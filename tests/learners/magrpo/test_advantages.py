@@ -15,8 +15,15 @@ from learners.magrpo.tree import build_tree
 def _tree(joint_mode, num_turns, reward_fn, threshold=None, G=2):
     env = CountingEnv(num_turns=num_turns, reward_fn=reward_fn, early_termination_threshold=threshold)
     obs, _ = env.reset(options={"task": 0})
-    return build_tree(env, [obs["a0"], obs["a1"]], [ScriptedPolicy(), ScriptedPolicy()],
-                      ["a0", "a1"], num_generations=G, num_turns=num_turns, joint_mode=joint_mode)
+    return build_tree(
+        env,
+        [obs["a0"], obs["a1"]],
+        [ScriptedPolicy(), ScriptedPolicy()],
+        ["a0", "a1"],
+        num_generations=G,
+        num_turns=num_turns,
+        joint_mode=joint_mode,
+    )
 
 
 def _reward(task, acts, turn):
@@ -30,7 +37,8 @@ def test_returns_two_turns_aligned(discount):
     compute_returns(tree, discount)
     child_mean = (0.0 + 10.0) / 2  # children of every turn-1 joint action
     assert [j.ret for j in tree.root.joints] == pytest.approx(
-        [0.0 + discount * child_mean, 1.0 + discount * child_mean])
+        [0.0 + discount * child_mean, 1.0 + discount * child_mean]
+    )
     for joint in tree.root.joints:
         assert [c.ret for c in joint.child.joints] == [0.0, 10.0]  # leaves: return = reward
 

@@ -59,8 +59,9 @@ def test_micro_batches_add_up_to_the_full_gradient(micro):
     logp, mask = full.token_logprobs(prompts, comps)
     sequence_pg_loss(logp, mask, coef).backward()
     chunked = BigramPolicy(vocab=5)
-    total = accumulate_gradients(chunked, prompts, comps,
-                                 lambda lp, m, idx: sequence_pg_loss(lp, m, coef[list(idx)]), micro)
+    total = accumulate_gradients(
+        chunked, prompts, comps, lambda lp, m, idx: sequence_pg_loss(lp, m, coef[list(idx)]), micro
+    )
     assert torch.allclose(full.logits.grad, chunked.logits.grad, atol=1e-6)
     assert total == pytest.approx(sequence_pg_loss(logp, mask, coef).item(), rel=1e-5)
     assert max(chunked.logprob_calls) <= micro

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.cli import main as comlrl_main
+from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.team import Team
 from learners.magrpo import MAGRPOConfig, MAGRPOTrainer
 
@@ -34,18 +34,29 @@ def _team(lora: bool = False) -> Team:
 
 
 def _config(tmp_path, data_file, **kw) -> MAGRPOConfig:
-    base = dict(num_generations=4, num_turns=1, max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0,
-                eval_interval=0, progress_bar=False, save_final_checkpoint=False, seed=0,
-                rollout_buffer_size=1, num_train_epochs=100, output_dir=str(tmp_path / "run"),
-                env_kwargs={"data_file": data_file})
+    base = dict(
+        num_generations=4,
+        num_turns=1,
+        max_new_tokens=16,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        eval_interval=0,
+        progress_bar=False,
+        save_final_checkpoint=False,
+        seed=0,
+        rollout_buffer_size=1,
+        num_train_epochs=100,
+        output_dir=str(tmp_path / "run"),
+        env_kwargs={"data_file": data_file},
+    )
     base.update(kw)
     return MAGRPOConfig(**base)
 
 
 def test_magrpo_learns_on_writing(tmp_path, data_file):
     torch.manual_seed(0)
-    config = _config(tmp_path, data_file, max_steps=24, agent_learning_rate=3e-3,
-                     eval_interval=24, eval_num_samples=4)
+    config = _config(tmp_path, data_file, max_steps=24, agent_learning_rate=3e-3, eval_interval=24, eval_num_samples=4)
     trainer = MAGRPOTrainer(config, _team(), "comlrl/Writing-v0")
     trainer.train()
     rewards = [h["turn_1/reward_mean"] for h in trainer.history if "turn_1/reward_mean" in h]
@@ -62,8 +73,13 @@ def _params(team: Team) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_resume_equals_uninterrupted_on_tiny_model(tmp_path, data_file, lora):
-    kw = dict(max_steps=4, rollout_buffer_size=3, num_generations=2, max_new_tokens=8,
-              agent_learning_rate=1e-2 if lora else 1e-3)
+    kw = dict(
+        max_steps=4,
+        rollout_buffer_size=3,
+        num_generations=2,
+        max_new_tokens=8,
+        agent_learning_rate=1e-2 if lora else 1e-3,
+    )
     straight_team = _team(lora)
     MAGRPOTrainer(_config(tmp_path / "a", data_file, **kw), straight_team, "comlrl/Writing-v0").train()
 
@@ -84,9 +100,21 @@ def test_resume_equals_uninterrupted_on_tiny_model(tmp_path, data_file, lora):
 
 def test_cli_trains_logs_plots_and_resumes(tmp_path, data_file, capsys):
     out = tmp_path / "cli-run"
-    args = ["train", "marloo", "--env", "comlrl/Writing-v0", f"output_dir={out}", "num_turns=2",
-            "num_generations=2", "max_new_tokens=6", "max_steps=2", "eval_interval=0", "device=cpu",
-            "agent_models=[tiny-random]", f"env_kwargs={{data_file: {data_file}}}"]
+    args = [
+        "train",
+        "marloo",
+        "--env",
+        "comlrl/Writing-v0",
+        f"output_dir={out}",
+        "num_turns=2",
+        "num_generations=2",
+        "max_new_tokens=6",
+        "max_steps=2",
+        "eval_interval=0",
+        "device=cpu",
+        "agent_models=[tiny-random]",
+        f"env_kwargs={{data_file: {data_file}}}",
+    ]
     assert comlrl_main(args) == 0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]

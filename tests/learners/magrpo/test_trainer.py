@@ -9,7 +9,7 @@ import pytest
 import torch
 from magrpo_fakes import BigramPolicy, CountingEnv, FakeTeam
 
-from learners.magrpo import MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer
+from learners.magrpo import MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer
 from learners.magrpo.losses import NonFiniteLossError
 
 
@@ -19,9 +19,19 @@ def _a_fraction(task, actions, turn):
 
 
 def _config(tmp_path, **kw):
-    base = dict(num_generations=4, num_turns=1, max_new_tokens=4, temperature=1.0, top_p=1.0,
-                top_k=None, eval_interval=0, agent_learning_rate=0.1, output_dir=str(tmp_path / "run"),
-                progress_bar=False, seed=3)
+    base = dict(
+        num_generations=4,
+        num_turns=1,
+        max_new_tokens=4,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        eval_interval=0,
+        agent_learning_rate=0.1,
+        output_dir=str(tmp_path / "run"),
+        progress_bar=False,
+        seed=3,
+    )
     base.update(kw)
     return MAGRPOConfig(**base)
 
@@ -54,8 +64,15 @@ def test_training_raises_the_reward(tmp_path):
 
 def test_env_receives_turns_and_threshold_and_metrics_are_logged(tmp_path):
     counter = {"steps": 0, "batches": 0, "clones": 0, "resets": 0}
-    tr = _trainer(tmp_path, counter=counter, num_turns=2, early_termination_threshold=2.0,
-                  max_steps=3, eval_interval=2, eval_num_samples=3)
+    tr = _trainer(
+        tmp_path,
+        counter=counter,
+        num_turns=2,
+        early_termination_threshold=2.0,
+        max_steps=3,
+        eval_interval=2,
+        eval_num_samples=3,
+    )
     assert tr.env.num_turns == 2 and tr.env.threshold == 2.0
     tr.train()
     assert counter["steps"] >= 3 * (4 + 16)
@@ -141,8 +158,7 @@ def test_team_must_fit_the_env(tmp_path):
 @pytest.mark.parametrize("buffer_size", [1, 3])
 def test_resume_equals_uninterrupted(tmp_path, buffer_size):
     straight = [BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]
-    _trainer(tmp_path / "a", policies=straight, num_turns=2, rollout_buffer_size=buffer_size,
-             max_steps=4).train()
+    _trainer(tmp_path / "a", policies=straight, num_turns=2, rollout_buffer_size=buffer_size, max_steps=4).train()
     first = [BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]
     tr = _trainer(tmp_path / "b", policies=first, num_turns=2, rollout_buffer_size=buffer_size, max_steps=4)
     tr.train(stop_after=2)

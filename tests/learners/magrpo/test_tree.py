@@ -13,13 +13,20 @@ G = 3
 
 def _build(num_agents, joint_mode, num_turns, threshold=None, reward_fn=None):
     agents = [f"a{i}" for i in range(num_agents)]
-    env = CountingEnv(num_turns=num_turns, early_termination_threshold=threshold,
-                      reward_fn=reward_fn, agents=agents)
+    env = CountingEnv(num_turns=num_turns, early_termination_threshold=threshold, reward_fn=reward_fn, agents=agents)
     obs, _ = env.reset(options={"task": 0})
     policies = [ScriptedPolicy() for _ in agents]
-    tree = build_tree(env, [obs[a] for a in agents], policies, agents, num_generations=G,
-                      num_turns=num_turns, joint_mode=joint_mode,
-                      generation_config=GenerationConfig(max_new_tokens=4), seed=1)
+    tree = build_tree(
+        env,
+        [obs[a] for a in agents],
+        policies,
+        agents,
+        num_generations=G,
+        num_turns=num_turns,
+        joint_mode=joint_mode,
+        generation_config=GenerationConfig(max_new_tokens=4),
+        seed=1,
+    )
     return tree, env.counter, policies
 
 
@@ -35,15 +42,15 @@ def test_joint_indices():
 @pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
 def test_full_tree_sizes(joint_mode, num_agents, num_turns):
     tree, counter, policies = _build(num_agents, joint_mode, num_turns)
-    per_node = G if joint_mode == "aligned" else G ** num_agents
-    expected_steps = sum(per_node ** t for t in range(1, num_turns + 1))
+    per_node = G if joint_mode == "aligned" else G**num_agents
+    expected_steps = sum(per_node**t for t in range(1, num_turns + 1))
     assert tree.env_steps == counter["steps"] == expected_steps
-    assert len(tree.leaves()) == per_node ** num_turns  # G^T aligned, G^(N*T) cross
+    assert len(tree.leaves()) == per_node**num_turns  # G^T aligned, G^(N*T) cross
     # One batched generate call per agent per level, with every node prompt of the level.
     assert counter["batches"] == num_turns  # one step_many batch per level
     assert tree.generate_calls == num_agents * num_turns
     for policy in policies:
-        assert policy.generate_calls == [(per_node ** t, G) for t in range(num_turns)]
+        assert policy.generate_calls == [(per_node**t, G) for t in range(num_turns)]
     # Each joint action stepped its own clone.
     assert counter["clones"] == expected_steps
 
@@ -52,21 +59,20 @@ def test_full_tree_sizes(joint_mode, num_agents, num_turns):
 @pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
 def test_early_termination_sizes(joint_mode, num_turns):
     # Agent a0 answering "0" scores 1.0 >= threshold: that branch stops.
-    tree, counter, _ = _build(2, joint_mode, num_turns, threshold=1.0,
-                              reward_fn=lambda task, acts, turn: float(acts["a0"] == "0"))
-    per_node = G if joint_mode == "aligned" else G ** 2
+    tree, counter, _ = _build(
+        2, joint_mode, num_turns, threshold=1.0, reward_fn=lambda task, acts, turn: float(acts["a0"] == "0")
+    )
+    per_node = G if joint_mode == "aligned" else G**2
     continuing = per_node - (1 if joint_mode == "aligned" else G)
     expected = sum(per_node * continuing ** (t - 1) for t in range(1, num_turns + 1))
     assert tree.env_steps == counter["steps"] == expected
     assert tree.generate_calls == 2 * num_turns
     terminal = [j for j in tree.leaves() if j.done and j.reward == 1.0]
-    assert len(terminal) == sum((per_node - continuing) * continuing ** (t - 1)
-                                for t in range(1, num_turns + 1))
+    assert len(terminal) == sum((per_node - continuing) * continuing ** (t - 1) for t in range(1, num_turns + 1))
 
 
 def test_tree_stops_when_every_branch_terminates():
-    tree, counter, _ = _build(2, "aligned", 3, threshold=0.0,
-                              reward_fn=lambda task, acts, turn: 0.0)
+    tree, counter, _ = _build(2, "aligned", 3, threshold=0.0, reward_fn=lambda task, acts, turn: 0.0)
     assert tree.env_steps == G and len(tree.levels) == 1 and tree.generate_calls == 2
 
 

@@ -11,19 +11,38 @@ from learners.marlhf import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, M
 
 
 def _kw(tmp_path, **kw):
-    base = dict(preference_num_candidates=4, preference_pairs_per_sample=2, max_new_tokens=3, temperature=1.0,
-                top_p=1.0, top_k=None, eval_interval=1, eval_num_samples=2, agent_learning_rate=0.1,
-                output_dir=str(tmp_path / "run"), progress_bar=False, seed=3, reward_model_name="tiny-random",
-                reward_model_device="cpu", reward_learning_rate=1e-3, num_generations=2, max_steps=2)
+    base = dict(
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        max_new_tokens=3,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        eval_interval=1,
+        eval_num_samples=2,
+        agent_learning_rate=0.1,
+        output_dir=str(tmp_path / "run"),
+        progress_bar=False,
+        seed=3,
+        reward_model_name="tiny-random",
+        reward_model_device="cpu",
+        reward_learning_rate=1e-3,
+        num_generations=2,
+        max_steps=2,
+    )
     base.update(kw)
     return base
 
 
-@pytest.mark.parametrize("kw,option", [
-    (dict(rl_algorithm="ppo"), "rl_algorithm"), (dict(num_turns=2), "num_turns"),
-    (dict(rl_algorithm="maac", reference_kl_coef=0.1), "reference_kl_coef"),
-    (dict(rl_algorithm="magrpo", num_generations=1), "num_generations"),
-])
+@pytest.mark.parametrize(
+    "kw,option",
+    [
+        (dict(rl_algorithm="ppo"), "rl_algorithm"),
+        (dict(num_turns=2), "num_turns"),
+        (dict(rl_algorithm="maac", reference_kl_coef=0.1), "reference_kl_coef"),
+        (dict(rl_algorithm="magrpo", num_generations=1), "num_generations"),
+    ],
+)
 def test_config_errors(kw, option):
     with pytest.raises(ConfigError, match=option):
         MARLHFConfig(**kw)
@@ -32,7 +51,11 @@ def test_config_errors(kw, option):
 @pytest.mark.parametrize("algo", ["magrpo", "mareinforce", "marloo", "maremax", "iac", "maac"])
 def test_backend_trains_on_reward_model_scores_and_evaluates_on_task_reward(tmp_path, algo):
     actor_critic = algo in ("iac", "maac")
-    extra = dict(num_generations=1, rl_kwargs={"critic_model": "tiny-random", "rollout_buffer_size": 1}) if actor_critic else {}
+    extra = (
+        dict(num_generations=1, rl_kwargs={"critic_model": "tiny-random", "rollout_buffer_size": 1})
+        if actor_critic
+        else {}
+    )
     cfg = MARLHFConfig(**_kw(tmp_path, rl_algorithm=algo, **extra))
     pols = [TextBigram(init_seed=1), TextBigram(init_seed=2)]
     before = [p.logits.detach().clone() for p in pols]
@@ -64,9 +87,18 @@ def test_no_pairs_no_reward_model_no_update(tmp_path):
 
 
 def test_iterative_reward_model_scoring_falls_back_to_the_task_reward(tmp_path):
-    cfg = MARLHFIterConfig(**_kw(tmp_path, num_iterations=2, preference_scoring_reward="reward_model",
-                                 reward_num_train_epochs=1, eval_interval=0))
-    trainer = MARLHFIterTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction))
+    cfg = MARLHFIterConfig(
+        **_kw(
+            tmp_path,
+            num_iterations=2,
+            preference_scoring_reward="reward_model",
+            reward_num_train_epochs=1,
+            eval_interval=0,
+        )
+    )
+    trainer = MARLHFIterTrainer(
+        cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction)
+    )
     oracles = []
     real = trainer.preference_oracle
     trainer.preference_oracle = lambda: oracles.append(real()) or oracles[-1]

@@ -40,15 +40,20 @@ def test_scores_do_not_depend_on_padding_side(model):
 
 def test_bradley_terry_loss_exact():
     value = bradley_terry_loss(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]))
-    expected = (-torch.nn.functional.logsigmoid(torch.tensor(1.0)) - torch.nn.functional.logsigmoid(torch.tensor(-2.0))) / 2
+    expected = (
+        -torch.nn.functional.logsigmoid(torch.tensor(1.0)) - torch.nn.functional.logsigmoid(torch.tensor(-2.0))
+    ) / 2
     assert value.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def test_fit_learns_the_preference(model):
     torch.manual_seed(1)
     rm = JointRewardModel.from_source("tiny-random", device="cpu")
-    pairs = [PreferencePair([f"task {i}", "x"], [f"good answer {i}", "fine"], [f"zzz {i}", "qq"], 1.0, 0.0, 0.5)
-             for i in range(6)]
+    pairs = [
+        PreferencePair([f"task {i}", "x"], [f"good answer {i}", "fine"], [f"zzz {i}", "qq"], 1.0, 0.0, 0.5)
+        for i in range(6)
+    ]
+
     def margin():
         w = rm.score_joint([(p.prompts, p.winner_completions) for p in pairs])
         l = rm.score_joint([(p.prompts, p.loser_completions) for p in pairs])
@@ -59,7 +64,9 @@ def test_fit_learns_the_preference(model):
     assert result.accuracy == 1.0 and result.steps == 16
     assert margin() > before + 1.0
     held_out = PreferencePair(["task 9", "x"], ["good answer 9", "fine"], ["zzz 9", "qq"], 1.0, 0.0, 0.5)
-    w, l = rm.score_joint([(held_out.prompts, held_out.winner_completions), (held_out.prompts, held_out.loser_completions)])
+    w, l = rm.score_joint(
+        [(held_out.prompts, held_out.winner_completions), (held_out.prompts, held_out.loser_completions)]
+    )
     assert w > l
 
 

@@ -11,8 +11,8 @@ from fake_llm_server import FakeLLMServer
 from preference_fakes import FakeTeam, TextBigram, a_fraction, env_factory
 
 from comlrl_core.config.options import ConfigError
-from comlrl_core.policy import GenerationConfig
 from comlrl_core.models.simple_policies import CallablePolicy
+from comlrl_core.policy import GenerationConfig
 from learners.madpo import MADPOIterConfig, MADPOIterTrainer
 from learners.preference.candidates import TaskCandidates
 from learners.preference.comparators import Comparator, centralized_prompt, parse_centralized
@@ -26,8 +26,15 @@ def test_parse_centralized():
 
 
 def test_centralized_comparator_drops_unparseable_candidates():
-    replies = iter(["<agent_0>x</agent_0><agent_1>y</agent_1>", "garbage", "<agent_0>z</agent_0>",
-                    "<agent_1>b</agent_1><agent_0>a</agent_0>"] * 2)
+    replies = iter(
+        [
+            "<agent_0>x</agent_0><agent_1>y</agent_1>",
+            "garbage",
+            "<agent_0>z</agent_0>",
+            "<agent_1>b</agent_1><agent_0>a</agent_0>",
+        ]
+        * 2
+    )
     seen = []
 
     def writer(prompt):
@@ -35,7 +42,10 @@ def test_centralized_comparator_drops_unparseable_candidates():
         return next(replies)
 
     comp = Comparator([CallablePolicy(lambda p: "unused"), CallablePolicy(writer)], ["a0", "a1"], centralized_index=1)
-    tasks = [TaskCandidates(task=0, env=None, prompts=["p0", "p1"]), TaskCandidates(task=1, env=None, prompts=["q0", "q1"])]
+    tasks = [
+        TaskCandidates(task=0, env=None, prompts=["p0", "p1"]),
+        TaskCandidates(task=1, env=None, prompts=["q0", "q1"]),
+    ]
     dropped = comp.sample(tasks, 4, GenerationConfig(), [0, 1])
     assert dropped == 4
     assert [None if c is None else c.completions for c in tasks[0].candidates] == [["x", "y"], None, None, ["a", "b"]]
@@ -43,9 +53,22 @@ def test_centralized_comparator_drops_unparseable_candidates():
 
 
 def _iter_config(tmp_path, **kw):
-    base = dict(num_iterations=2, preference_num_candidates=3, preference_pairs_per_sample=2, max_new_tokens=3,
-                temperature=1.0, top_p=1.0, top_k=None, num_train_epochs=1, train_batch_size=2, eval_interval=0,
-                agent_learning_rate=0.1, output_dir=str(tmp_path / "run"), progress_bar=False, seed=2)
+    base = dict(
+        num_iterations=2,
+        preference_num_candidates=3,
+        preference_pairs_per_sample=2,
+        max_new_tokens=3,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        num_train_epochs=1,
+        train_batch_size=2,
+        eval_interval=0,
+        agent_learning_rate=0.1,
+        output_dir=str(tmp_path / "run"),
+        progress_bar=False,
+        seed=2,
+    )
     base.update(kw)
     return MADPOIterConfig(**base)
 
@@ -57,11 +80,19 @@ def test_api_comparator_in_every_format(tmp_path, fmt, monkeypatch):
     try:
         url = {"generic": server.generic_url, "anthropic": server.url}.get(fmt, server.base_url)
         # the comparator's answers contain many 'a's: it wins the comparisons on a_fraction
-        cfg = _iter_config(tmp_path, comparator_policy="api", comparator_api_format=fmt, comparator_api_url=url,
-                           comparator_api_model="m", comparator_api_key_env="FAKE_KEY",
-                           comparator_api_response_field="outputs", num_iterations=1)
-        trainer = MADPOIterTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]),
-                                   env_factory(a_fraction))
+        cfg = _iter_config(
+            tmp_path,
+            comparator_policy="api",
+            comparator_api_format=fmt,
+            comparator_api_url=url,
+            comparator_api_model="m",
+            comparator_api_key_env="FAKE_KEY",
+            comparator_api_response_field="outputs",
+            num_iterations=1,
+        )
+        trainer = MADPOIterTrainer(
+            cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction)
+        )
         trainer.train()
     finally:
         server.close()
@@ -80,7 +111,9 @@ def test_api_comparator_in_every_format(tmp_path, fmt, monkeypatch):
 
 def test_history_comparator_loads_once_per_round(tmp_path):
     cfg = _iter_config(tmp_path, comparator_policy="history", comparator_history_k=1, num_iterations=3)
-    trainer = MADPOIterTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction, 4))
+    trainer = MADPOIterTrainer(
+        cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction, 4)
+    )
     loads = []
     real = trainer.history_checkpoint
     trainer.history_checkpoint = lambda r: loads.append(r) or real(r)
@@ -91,28 +124,35 @@ def test_history_comparator_loads_once_per_round(tmp_path):
     assert ckpts == ["iteration_0000", "iteration_0001", "iteration_0002", "iteration_0003"]
     assert real(1).name == "iteration_0000" and real(3).name == "iteration_0002"
     # the comparator of the last round held the weights saved after round 2
-    saved = torch.load(tmp_path / "run" / "policy_checkpoints" / "iteration_0002" / "policies" / "agent_0" / "logits.pt")
+    saved = torch.load(
+        tmp_path / "run" / "policy_checkpoints" / "iteration_0002" / "policies" / "agent_0" / "logits.pt"
+    )
     assert torch.equal(trainer._history_copies[0].logits, saved)
     assert not trainer._history_copies[0].logits.requires_grad
 
 
 def test_current_comparator_uses_a_separate_stream_and_may_lose(tmp_path):
     cfg = _iter_config(tmp_path, pair_selection="all", preference_pairs_per_sample=None, num_iterations=1)
-    trainer = MADPOIterTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction, 4))
+    trainer = MADPOIterTrainer(
+        cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction, 4)
+    )
     trainer.train()
     payload = json.loads((tmp_path / "run" / "preference_replay" / "iteration_0001.json").read_text())
     sides = {p["target_raw_reward"] == p["winner_reward"] for p in payload["pairs"]}
     assert payload["num_pairs"] > 0 and sides == {True, False}  # either side wins sometimes
 
 
-@pytest.mark.parametrize("kw,option", [
-    (dict(comparator_policy="model"), "comparator_model_name"),
-    (dict(comparator_policy="api"), "comparator_api_url"),
-    (dict(comparator_history_k=2), "comparator_history_k"),
-    (dict(comparator_model_name="x"), "comparator_model_name"),
-    (dict(preference_replay_mode="current", preference_replay_sample_size=3), "preference_replay_sample_size"),
-    (dict(num_turns=2), "num_turns"),
-])
+@pytest.mark.parametrize(
+    "kw,option",
+    [
+        (dict(comparator_policy="model"), "comparator_model_name"),
+        (dict(comparator_policy="api"), "comparator_api_url"),
+        (dict(comparator_history_k=2), "comparator_history_k"),
+        (dict(comparator_model_name="x"), "comparator_model_name"),
+        (dict(preference_replay_mode="current", preference_replay_sample_size=3), "preference_replay_sample_size"),
+        (dict(num_turns=2), "num_turns"),
+    ],
+)
 def test_iterative_config_errors(tmp_path, kw, option):
     with pytest.raises(ConfigError, match=option):
         _iter_config(tmp_path, **kw)

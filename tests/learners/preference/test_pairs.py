@@ -15,7 +15,9 @@ limit_st = st.none() | st.integers(1, 10)
 
 
 @settings(max_examples=200, deadline=None)
-@given(rewards=rewards_st, mode=st.sampled_from(["reward_gap", "random", "all"]), limit=limit_st, seed=st.integers(0, 99))
+@given(
+    rewards=rewards_st, mode=st.sampled_from(["reward_gap", "random", "all"]), limit=limit_st, seed=st.integers(0, 99)
+)
 def test_pairs_are_untied_winner_better_and_limited(rewards, mode, limit, seed):
     if mode == "all":
         limit = None
@@ -61,8 +63,13 @@ opt_rewards = st.lists(st.none() | st.sampled_from([0.0, 0.5, 1.0]) | st.floats(
 
 
 @settings(max_examples=200, deadline=None)
-@given(target=opt_rewards, comp=opt_rewards, limit=limit_st,
-       mode=st.sampled_from(["reward_gap", "random", "all", "comparator_reward"]), seed=st.integers(0, 50))
+@given(
+    target=opt_rewards,
+    comp=opt_rewards,
+    limit=limit_st,
+    mode=st.sampled_from(["reward_gap", "random", "all", "comparator_reward"]),
+    seed=st.integers(0, 50),
+)
 def test_comparisons_use_the_same_index_and_either_side_wins(target, comp, limit, mode, seed):
     if mode == "all":
         limit = None

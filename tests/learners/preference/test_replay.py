@@ -16,8 +16,14 @@ from learners.preference.replay import ReplayBuffer, apportion, check_replay_opt
 
 
 def pair(tag: str, reward: float = 1.0) -> PreferencePair:
-    return PreferencePair(prompts=[f"p-{tag}", "q"], winner_completions=[tag, "w"], loser_completions=["l", "l"],
-                          winner_reward=reward, loser_reward=0.0, candidate_reward_mean=reward / 2)
+    return PreferencePair(
+        prompts=[f"p-{tag}", "q"],
+        winner_completions=[tag, "w"],
+        loser_completions=["l", "l"],
+        winner_reward=reward,
+        loser_reward=0.0,
+        candidate_reward_mean=reward / 2,
+    )
 
 
 def test_lambda_weights_exact():
@@ -59,9 +65,12 @@ def test_draws_without_replacement_then_cycle(n, count, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(0, 5), min_size=1, max_size=6),
-       mode=st.sampled_from(["nearest_k", "all_history", "lambda_decay"]), seed=st.integers(0, 20),
-       sample=st.none() | st.integers(1, 12))
+@given(
+    sizes=st.lists(st.integers(0, 5), min_size=1, max_size=6),
+    mode=st.sampled_from(["nearest_k", "all_history", "lambda_decay"]),
+    seed=st.integers(0, 20),
+    sample=st.none() | st.integers(1, 12),
+)
 def test_historical_selection_draws_from_the_right_rounds(tmp_path_factory, sizes, mode, seed, sample):
     k = 2 if mode == "nearest_k" else None
     lam = 0.0 if mode == "lambda_decay" else None
@@ -97,8 +106,14 @@ def test_current_mode_returns_this_round_and_files_are_written(tmp_path):
     assert buf.select(random.Random(0)) == []
     payload = json.loads((tmp_path / "iteration_0001.json").read_text())
     assert payload["iteration"] == 1 and payload["num_pairs"] == 2 and len(payload["pairs"]) == 2
-    assert set(payload["pairs"][0]) >= {"prompts", "winner_completions", "loser_completions", "winner_reward",
-                                        "loser_reward", "candidate_reward_mean"}
+    assert set(payload["pairs"][0]) >= {
+        "prompts",
+        "winner_completions",
+        "loser_completions",
+        "winner_reward",
+        "loser_reward",
+        "candidate_reward_mean",
+    }
     assert json.loads((tmp_path / "iteration_0002.json").read_text()) == {"iteration": 2, "num_pairs": 0, "pairs": []}
     assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
 
@@ -124,16 +139,19 @@ def test_old_run_folder_imports_nothing_and_state_restores_files(tmp_path):
     assert len(restored.select(random.Random(0))) == 2
 
 
-@pytest.mark.parametrize("args,match", [
-    (("current", 2, None, None), "preference_replay_k"),
-    (("current", None, 0.5, None), "preference_replay_lambda"),
-    (("current", None, None, 4), "preference_replay_sample_size"),
-    (("nearest_k", None, None, None), "preference_replay_k"),
-    (("lambda_decay", None, None, None), "preference_replay_lambda"),
-    (("lambda_decay", None, 1.5, None), "preference_replay_lambda"),
-    (("all_history", 2, None, None), "preference_replay_k"),
-    (("bogus", None, None, None), "preference_replay_mode"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (("current", 2, None, None), "preference_replay_k"),
+        (("current", None, 0.5, None), "preference_replay_lambda"),
+        (("current", None, None, 4), "preference_replay_sample_size"),
+        (("nearest_k", None, None, None), "preference_replay_k"),
+        (("lambda_decay", None, None, None), "preference_replay_lambda"),
+        (("lambda_decay", None, 1.5, None), "preference_replay_lambda"),
+        (("all_history", 2, None, None), "preference_replay_k"),
+        (("bogus", None, None, None), "preference_replay_mode"),
+    ],
+)
 def test_bad_replay_options(args, match):
     with pytest.raises(ValueError, match=match):
         check_replay_options(*args)
