@@ -51,7 +51,7 @@ External transition modes
     last |N|, ``0`` / ``None`` / ``"all"`` every test) and notes on aux usage and thin
     wrappers. ``expert_edits``: an expert model proposes edits to aux and main (remote model,
     default ``deepseek-coder`` with ``DEEPSEEK_API_KEY``, or a local Policy); a failed call
-    gives a prompt without edits and is counted. A callable with the DESIGN.md signature
+    gives a prompt without edits and is counted. A callable with the docs/design.md signature
     is handled by the base.
 
 The env creates its sandbox on the first scoring call and closes it in ``close()``;
