@@ -101,7 +101,7 @@ def measure(backend: str, rounds: int, pool_size: int) -> None:
         passed = sum(s[4]["main"]["passed"] for s in steps)
         clones = fresh()
         start = time.perf_counter()
-        for clone, a in zip(clones, acts):
+        for clone, a in zip(clones, acts, strict=True):
             clone.step(a)
         one_by_one = time.perf_counter() - start
         best = min(batched)

@@ -69,7 +69,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     pairs, _ = trainer.collect_pairs()
     collect_s = time.perf_counter() - t0
     times = []
-    for r in range(args.repeats):
+    for _ in range(args.repeats):
         batch = pairs[: args.batch]
         t0 = time.perf_counter()
         madpo_update(trainer.policies, trainer.optimizers, batch, 0.1, micro_batch_size=args.batch)
@@ -92,12 +92,12 @@ def run_comlrl(args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     items, prompts = writing_items(args.tasks)
-    by_passage = {it["passage"]: p for it, p in zip(items, prompts)}
+    by_passage = {it["passage"]: p for it, p in zip(items, prompts, strict=True)}
     reward_cfg = WritingRewardConfig(expansion_ratio=1.5)
 
     def reward(summaries, expansions, *, batch_items=None):
         passage = batch_items[0]["passage"]
-        return [score_writing(passage, s, e, reward_cfg)[0] for s, e in zip(summaries, expansions)]
+        return [score_writing(passage, s, e, reward_cfg)[0] for s, e in zip(summaries, expansions, strict=True)]
 
     formatters = [lambda item, i=i: by_passage[item["passage"]][i] for i in range(2)]
     cfg = MADPOConfig(
@@ -131,7 +131,7 @@ def run_comlrl(args: argparse.Namespace) -> dict:
     pairs = trainer._build_preference_dataset()
     collect_s = time.perf_counter() - t0
     times = []
-    for r in range(args.repeats):
+    for _ in range(args.repeats):
         t0 = time.perf_counter()
         trainer._update_from_preference_batch(pairs[: args.batch])
         times.append(time.perf_counter() - t0)

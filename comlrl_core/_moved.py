@@ -67,10 +67,10 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def forward(name: str) -> Any:
             return getattr(target, name)
 
-        module.__getattr__ = forward  # type: ignore[method-assign]
+        vars(module)["__getattr__"] = forward  # PEP 562: the module's missing names come from the target
         module.__doc__ = target.__doc__
         if hasattr(target, "__all__"):
-            module.__all__ = list(target.__all__)
+            vars(module)["__all__"] = list(target.__all__)
 
 
 def install() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Literal, Sequence
 
@@ -75,11 +76,18 @@ class Policy(abc.ABC):
         prompts: Sequence[str],
         num_samples: int = 1,
         generation_config: GenerationConfig | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         """Sample ``num_samples`` completions for each prompt.
 
         Returns one list per prompt, each of length ``num_samples``.
+
+        ``seed``: an int seeds the whole call; a sequence holds one seed per completion
+        (``len(prompts) * num_samples`` of them, prompt-major: completion ``s`` of prompt
+        ``p`` is ``seed[p * num_samples + s]``), and then each completion's randomness
+        depends only on its prompt and its own seed, not on the other rows of the call
+        (:func:`completion_seeds` checks the length). Policies whose sampling is not
+        seeded (callables, remote models) accept both forms and ignore them.
         """
 
     # -- trainable policies -------------------------------------------------------
@@ -123,8 +131,33 @@ class Policy(abc.ABC):
     def device(self) -> "torch.device | str":
         return "cpu"
 
+    def activate(self) -> None:
+        """Make this agent's weights the ones its model's forward passes use.
+
+        Agents that share one base model (LoRA) switch it to their own adapter; a policy
+        that owns its weights has nothing to switch. ``generate`` and ``token_logprobs``
+        call it themselves; learners that call ``policy.model`` directly call it first.
+        """
+        return None  # one set of weights: already active
+
     def compute_context(self) -> contextlib.AbstractContextManager:
         """Context every forward pass of this policy runs in (mixed-precision autocast for
         policies that use it; nothing by default). Learners that call ``policy.model``
         directly enter it too."""
         return contextlib.nullcontext()
+
+
+def completion_seeds(seed: int | Sequence[int] | None, num_prompts: int, num_samples: int) -> list[int] | None:
+    """The per-completion seeds of a ``generate`` call (None when ``seed`` is an int or None).
+
+    Raises ValueError when a sequence does not hold exactly one seed per completion.
+    """
+    if seed is None or isinstance(seed, (int, numbers.Integral)):  # int too: narrows the type
+        return None
+    seeds = [int(s) for s in seed]
+    if len(seeds) != num_prompts * num_samples:
+        raise ValueError(
+            f"generate got {len(seeds)} per-completion seeds for {num_prompts} prompt(s) x {num_samples} "
+            f"sample(s); give one seed per completion ({num_prompts * num_samples}) or a single int"
+        )
+    return seeds

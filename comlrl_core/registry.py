@@ -10,10 +10,13 @@ function that performs its ``register`` calls. Loading is lazy: it happens the f
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pettingzoo.env_registry import registration as _pz
 from pettingzoo.env_registry.exceptions import PettingZooRegistryError
+
+if TYPE_CHECKING:
+    from pettingzoo import ParallelEnv  # untyped library: the checker reads it as Any
 
 _ENTRY_POINT_GROUP = "comlrl.envs"
 _plugins_loaded = False
@@ -44,7 +47,7 @@ def registered_ids(namespace: str | None = "comlrl") -> list[str]:
     return [i for i in ids if i.startswith(namespace + "/")]
 
 
-def make(id: str, **overrides: Any):
+def make(id: str, **overrides: Any) -> ParallelEnv:
     """Build the environment registered as ``id``; ``overrides`` replace its defaults."""
     _load_plugins()
     try:

@@ -6,6 +6,8 @@ one. Built-in ids:
 * ``comlrl/CoopCode-v0`` -- cooperative code generation (``envs.code``).
 * ``comlrl/Writing-v0`` -- complementary summary + expansion writing with cheap,
   deterministic text-statistics rewards (``envs.writing``).
+* ``comlrl/Dataset-v0`` -- any dataset (list of dicts, ``datasets.Dataset``, JSON file) with
+  per-agent formatters and a CoMLRL-style ``reward_func`` (``envs.dataset``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
 BUILTIN_ENVS: dict[str, str] = {
     "comlrl/CoopCode-v0": "envs.code:CoopCodeEnv",
     "comlrl/Writing-v0": "envs.writing:WritingEnv",
+    "comlrl/Dataset-v0": "envs.dataset:DatasetEnv",
 }
 _builtin_registered = False
 

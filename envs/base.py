@@ -245,8 +245,13 @@ class TextParallelEnv(ParallelEnv):
         return len(self._tasks())
 
     def task(self, index: int) -> dict[str, Any]:
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(
+                f"a task index must be an int, got {type(index).__name__} {index!r}; "
+                "pass options={'task': <int index>} or {'task': <task dict>}"
+            )
         tasks = self._tasks()
-        if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or not -len(tasks) <= index < len(tasks):
+        if not -len(tasks) <= index < len(tasks):
             raise IndexError(f"task index {index!r} out of range for {len(tasks)} tasks")
         return tasks[int(index)]
 
@@ -262,9 +267,10 @@ class TextParallelEnv(ParallelEnv):
         if seed is not None:
             self._np_random, _ = seeding.np_random(int(seed))
         choice = (options or {}).get("task")
+        index: int | None
         if choice is None:
-            index: int | None = int(self._np_random.integers(self.num_tasks))
-            task = self.task(index)
+            drawn = int(self._np_random.integers(self.num_tasks))
+            task, index = self.task(drawn), drawn
         elif isinstance(choice, Mapping):
             index, task = None, dict(choice)
         else:
@@ -291,19 +297,27 @@ class TextParallelEnv(ParallelEnv):
         scored by ONE ``_score_batch`` call (e.g. one sandbox batch)."""
         if len(envs) != len(actions_list):
             raise ValueError(f"step_many got {len(envs)} envs but {len(actions_list)} joint actions")
-        prepared = [env._prepare_step(actions) for env, actions in zip(envs, actions_list)]
+        prepared = [env._prepare_step(actions) for env, actions in zip(envs, actions_list, strict=True)]
         groups: dict[Hashable, list[int]] = {}
         for i, env in enumerate(envs):
             groups.setdefault(env._scoring_key(), []).append(i)
-        scores: list[tuple[float, dict[str, Any]] | None] = [None] * len(envs)
+        scores: dict[int, tuple[float, dict[str, Any]]] = {}  # env index -> (reward, details)
         for members in groups.values():
-            items = [(envs[i]._task, prepared[i][0]) for i in members]
+            items = [(envs[i]._active_task(), prepared[i][0]) for i in members]
             results = envs[members[0]]._score_batch(items)
             if len(results) != len(items):
                 raise RuntimeError(f"_score_batch returned {len(results)} results for {len(items)} items")
-            for i, result in zip(members, results):
+            for i, result in zip(members, results, strict=True):
                 scores[i] = result
-        return [env._finish_step(clean, diags, *score) for env, (clean, diags), score in zip(envs, prepared, scores)]
+        return [
+            env._finish_step(clean, diags, *scores[i])
+            for i, (env, (clean, diags)) in enumerate(zip(envs, prepared, strict=True))
+        ]
+
+    def _active_task(self) -> dict[str, Any]:
+        if self._task is None:
+            raise RuntimeError("no task: call reset() before step()")
+        return self._task
 
     def _prepare_step(self, actions: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, list[str]]]:
         if not self.agents:
@@ -387,7 +401,7 @@ class TextParallelEnv(ParallelEnv):
                     f"the external_transition callable must return a list of {len(agents)} str "
                     f"(one prompt per agent, in order {agents}), got {prompts!r:.200}"
                 )
-            raw_prompts = dict(zip(agents, prompts))
+            raw_prompts = dict(zip(agents, prompts, strict=True))
         else:
             raw_prompts = self._transition(self._task, clean, details, mode)
         if self.external_prompt_passthrough:

@@ -6,8 +6,14 @@
 Options come from the YAML file (``--config``) and ``key=value`` overrides, checked
 against the algorithm's config dataclass. The team is built from the config's team
 options (``agent_models``, ``num_agents``, ``lora``, ``lora_r``, ``lora_alpha``,
-``lora_dropout``, ``device``). Give the ``--`` options before the ``key=value`` list. The run folder (``output_dir``) gets ``metrics.jsonl``,
-``checkpoints/`` and ``reward_curve.png``.
+``lora_dropout``, ``device``). Give the ``--`` options before the ``key=value`` list.
+The run folder (``output_dir``) gets ``metrics.jsonl``, ``checkpoints/`` and ``reward_curve.png``.
+
+Before any model loads, the command checks the options (finite, in range), that
+``output_dir`` is a writable folder, that the env id and ``env_kwargs`` build the env,
+that the models resolve, and with ``--resume`` that the newest checkpoint is intact (a
+damaged one is named and kept; ``--resume-skip-corrupt`` falls back past it). Bad input
+ends with one or two lines and exit code 2; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -16,35 +22,10 @@ import argparse
 import sys
 from typing import Any
 
-ALGORITHMS = {
-    "magrpo": "MAGRPO: group-relative advantages on tree rollouts",
-    "mareinforce": "MAREINFORCE: MAGRPO's tree with no baseline",
-    "marloo": "MARLOO: leave-one-out baseline",
-    "maremax": "MAReMax: the group maximum as baseline",
-    "iac": "IAC: independent critics (separate models or value heads)",
-    "maac": "MAAC: one centralized critic on the joint history",
-    "madpo": "MADPO: multi-agent DPO on pairs collected from task items",
-    "madpo_iter": "iterative MADPO: comparator rounds and a preference replay buffer",
-    "marlhf": "MARLHF: joint reward model (Bradley-Terry), then an RL backend (rl_algorithm)",
-    "marlhf_iter": "iterative MARLHF: comparator rounds, a fresh reward model every round",
-}
+from comlrl_core.cli import UsageError, add_debug_flag
+from learners.catalog import ALGORITHMS, learner_classes
 
-
-def learner_classes(algorithm: str) -> tuple[type, type]:
-    """``(config class, trainer class)`` of an algorithm name (imports only that family)."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-    if algorithm in ("magrpo", "mareinforce", "marloo", "maremax"):
-        from learners.magrpo import TRAINERS, MAGRPOConfig
-
-        return MAGRPOConfig, TRAINERS[algorithm]
-    if algorithm in ("iac", "maac"):
-        from learners.actor_critic import TRAINERS
-    elif algorithm.startswith("madpo"):
-        from learners.madpo import TRAINERS
-    else:
-        from learners.marlhf import TRAINERS
-    return TRAINERS[algorithm]
+__all__ = ["ALGORITHMS", "add_commands", "learner_classes", "run_train"]
 
 
 def add_commands(subparsers: Any) -> None:
@@ -55,7 +36,7 @@ def add_commands(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     algos = train.add_subparsers(dest="algorithm", metavar="ALGORITHM")
-    for name, text in ALGORITHMS.items():
+    for name, (_, text) in ALGORITHMS.items():
         p = algos.add_parser(name, help=text, description=text)
         p.add_argument("--env", required=True, help="registered environment id, e.g. comlrl/CoopCode-v0")
         p.add_argument("--config", help="YAML file of options")
@@ -63,6 +44,13 @@ def add_commands(subparsers: Any) -> None:
             "--resume", action="store_true", help="resume from the latest complete checkpoint under output_dir"
         )
         p.add_argument("--resume-from", metavar="PATH", help="resume from this checkpoint folder")
+        p.add_argument(
+            "--resume-skip-corrupt",
+            action="store_true",
+            help="like --resume, but when the latest checkpoint is damaged fall back to the newest intact one "
+            "(the damaged ones are named and kept)",
+        )
+        add_debug_flag(p)
         p.add_argument("--print-config", action="store_true", help="print the resolved options and exit")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="option overrides")
         p.set_defaults(func=run_train)
@@ -76,63 +64,52 @@ def build_config(algorithm: str, config_path: str | None, overrides: list[str]):
     return config_cls().with_overrides(overrides)
 
 
-def build_team(config: Any, env_id: str):
-    """One AgentSpec per agent from the config's team options."""
-    from comlrl_core.models.agent_spec import AgentSpec
-    from comlrl_core.models.team import Team
-    from learners.common.distributed import DistributedContext
+def build_team(config: Any, env_id: str) -> Any:
+    """One AgentSpec per agent from the config's team options; without ``num_agents`` the
+    env is probed WITH the config's ``env_kwargs`` (see :func:`learners.common.components.build_team`)."""
+    from learners.common.components import build_team as build_team_from_config
 
-    # one process per GPU under a launcher: each rank takes its own device
-    default_device = DistributedContext.current().default_device()
-
-    models = list(config.agent_models)
-    count = config.num_agents
-    if count is None:
-        if len(models) > 1:
-            count = len(models)
-        else:  # one model for every agent: ask the environment how many there are
-            from comlrl_core.registry import make
-
-            probe = make(env_id)
-            count = len(probe.possible_agents)
-            probe.close()
-    if len(models) == 1:
-        models = models * count
-    if len(models) != count:
-        raise ValueError(
-            f"agent_models names {len(models)} models for {count} agents; give one per agent or one for all"
-        )
-    specs = [
-        AgentSpec(
-            model=m,
-            lora=config.lora,
-            lora_r=config.lora_r,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            dtype=config.dtype,
-            mixed_precision=config.mixed_precision,
-            device=config.device or default_device,
-        )
-        for m in models
-    ]
-    return Team.from_specs(specs)
+    return build_team_from_config(config, env_id)
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """Check everything that can be checked without a model, then build the team and train.
+
+    Bad input (options, ``output_dir``, env id / kwargs, models, the checkpoint to resume)
+    raises ``UsageError``: ``comlrl`` prints it in one or two lines and exits with 2.
+    """
+    from learners.common.distributed import DistributedContext, refuse_launcher
+    from learners.common.preflight import check_training_start
+
     try:
         config = build_config(args.algorithm, args.config, list(args.overrides))
-    except (ValueError, OSError) as err:
-        print(f"comlrl train: {err}", file=sys.stderr)
-        return 2
+    except OSError as err:
+        raise UsageError(f"--config: cannot read {args.config}: {err.strerror or err}") from None
     if args.print_config:
         print("\n".join(config.to_overrides()))
         return 0
+    trainer_cls = learner_classes(args.algorithm)[1]
+    if not getattr(trainer_cls, "data_parallel", False):  # before any process group or model
+        try:
+            refuse_launcher(args.algorithm)
+        except RuntimeError as err:
+            raise UsageError(str(err)) from None
+    resume_path = check_training_start(
+        config,
+        args.env,
+        algorithm_name=getattr(trainer_cls, "algorithm_name", None),
+        resume=args.resume,
+        resume_from=args.resume_from,
+        skip_corrupt=args.resume_skip_corrupt,
+        tidy=DistributedContext.current().is_main,
+    )
     team = build_team(config, args.env)
-    trainer = learner_classes(args.algorithm)[1](config, team, args.env)
-    if args.resume or args.resume_from:
-        path = trainer.resume_from_checkpoint(args.resume_from)
+    trainer = trainer_cls(config, team, args.env)
+    if resume_path is not None:
+        path = trainer.resume_from_checkpoint(resume_path)
         print(f"resumed from {path} at step {trainer.global_step}", file=sys.stderr)
     trainer.train()
+    trainer.logger.close()  # finishes a W&B run, flushes TensorBoard
     run_dir = trainer.run_dir
     print(
         f"done: {trainer.global_step} steps; metrics {run_dir / 'metrics.jsonl'}; "

@@ -29,7 +29,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from comlrl_core.cli import add_debug_flag
 from comlrl_core.config.options import BaseConfig, ConfigError, check_positive, option
+from learners.common.options import report_to_backends
+from learners.common.preflight import check_output_dir
 from learners.magrpo.magrpo_config import MAGRPOConfig
 
 
@@ -73,6 +76,11 @@ class MainJobConfig(BaseConfig):
     eval_k: list[int] = option([1, 2], help="k values of pass@k (k > eval_n_samples is dropped)")
     eval_temperature: float = option(0.8, help="sampling temperature during evaluation")
     eval_max_new_tokens: int | None = option(None, help="new tokens per response in evaluation (None: magrpo's)")
+    report_to: list[str] | str | None = option(
+        None, help="logging backends of the job: any of jsonl, tensorboard, wandb (None: magrpo.report_to)"
+    )
+    run_name: str | None = option(None, help="W&B run name and TensorBoard sub-folder (None: magrpo.run_name)")
+    project: str | None = option(None, help="W&B project (None: magrpo.project)")
     magrpo: MAGRPOConfig = option(_default_magrpo(), help="MAGRPO options")
 
     def validate(self) -> None:
@@ -81,48 +89,61 @@ class MainJobConfig(BaseConfig):
         check_positive("eval_n_samples", self.eval_n_samples)
         if not self.eval_k or min(self.eval_k) < 1:
             raise ConfigError(f"option 'eval_k' needs k values >= 1, got {self.eval_k}", "eval_k")
+        if self.report_to is not None:
+            report_to_backends(self.report_to)
+
+    def logging_options(self) -> dict[str, Any]:
+        """The job's logging options that replace magrpo's (those set at the top level)."""
+        return {k: getattr(self, k) for k in ("report_to", "run_name", "project") if getattr(self, k) is not None}
 
 
 # -- the job -------------------------------------------------------------------------
-def _evaluate(cfg: MainJobConfig, team: Any, label: str) -> dict[str, float]:
-    from comlrl_core.episodes.evaluation import evaluate
-    from comlrl_core.policy import GenerationConfig
+# Evaluation is the trainer's own (the episode engine, logged as ``eval/...`` rows and saved
+# as RUN_DIR/evaluation.json): the table's "after" row is what ``comlrl eval --checkpoint``
+# prints for the run folder. An eval_interval of 0 means before and after training only.
+_BEFORE_AND_AFTER = 10**9
 
-    m = cfg.magrpo
-    gen = GenerationConfig(
-        max_new_tokens=cfg.eval_max_new_tokens or m.max_new_tokens,
-        temperature=cfg.eval_temperature,
-        top_p=m.top_p,
-        top_k=m.top_k or 0,
-    )
-    kwargs = {**cfg.env_kwargs, "num_turns": m.num_turns, "task_slice": cfg.eval_task_slice}
-    ks = [k for k in cfg.eval_k if k <= cfg.eval_n_samples]
-    start = time.perf_counter()
-    result = evaluate(
-        cfg.env_id,
-        team,
-        n_samples=cfg.eval_n_samples,
-        k=ks,
-        num_tasks=cfg.eval_num_tasks,
-        env_kwargs=kwargs,
-        generation_config=gen,
-        seed=m.seed,
-    )
-    print(
-        f"[main] evaluation {label}: "
-        + ", ".join(
-            f"{k}={v:.3f}"
-            for k, v in result.metrics.items()
-            if k.startswith(("pass@", "turn_")) and not k.endswith("num_episodes")
-        )
-        + f" ({time.perf_counter() - start:.0f} s)",
-        file=sys.stderr,
-    )
-    return dict(result.metrics)
+
+def _eval_options(cfg: MainJobConfig) -> dict[str, Any]:
+    """The trainer's evaluation options from the job's held-out settings."""
+    return {
+        "eval_task_slice": cfg.eval_task_slice,
+        "eval_num_samples": cfg.eval_num_tasks,
+        "eval_episodes_per_task": cfg.eval_n_samples,
+        "eval_k": list(cfg.eval_k),
+        "eval_temperature": cfg.eval_temperature,
+        "eval_max_new_tokens": cfg.eval_max_new_tokens,
+        "eval_interval": cfg.magrpo.eval_interval or _BEFORE_AND_AFTER,
+    }
+
+
+def _first_and_last_eval(history: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    rows = [{k: v for k, v in row.items() if k.startswith("eval/")} for row in history]
+    rows = [row for row in rows if row]
+    if not rows:
+        raise RuntimeError("the trainer logged no evaluation (eval_num_tasks selects no held-out task?)")
+    return rows[0], rows[-1]
+
+
+def _report(label: str, metrics: dict[str, float]) -> None:
+    shown = [f"{k}={v:.3f}" for k, v in metrics.items() if k.startswith(("eval/pass@", "eval/turn_", "eval/return"))]
+    print(f"[main] evaluation {label}: " + ", ".join(s for s in shown if "/num_episodes" not in s), file=sys.stderr)
+
+
+def _plot_reward_curve(out_dir: pathlib.Path, num_turns: int) -> pathlib.Path | None:
+    """reward_curve.png: training reward and the engine's held-out reward per turn."""
+    from comlrl_core.run.metrics import plot_metric
+
+    keys = [f"{section}turn_{t}/reward_mean" for section in ("", "eval/") for t in range(1, num_turns + 1)]
+    try:
+        return plot_metric(out_dir / "metrics.jsonl", keys, out_dir / "reward_curve.png", title="MAGRPO reward")
+    except ImportError:
+        return None
 
 
 def _eval_table(before: dict[str, float], after: dict[str, float]) -> str:
-    keys = [k for k in before if k.startswith(("pass@", "turn_", "reward_mean")) and not k.endswith("num_episodes")]
+    keys = [k for k in before if k.startswith(("eval/pass@", "eval/turn_", "eval/return_mean"))]
+    keys = [k for k in keys if not k.endswith("num_episodes")]
     rows = ["| metric | before | after | change |", "|---|---|---|---|"]
     for key in keys:
         b, a = before[key], after.get(key, float("nan"))
@@ -139,7 +160,7 @@ def _plot_pass_at_k(before: dict[str, float], after: dict[str, float], out: path
     except ImportError:
         print("[main] matplotlib is missing (pip install 'comlrl-gym[viz]'): no pass@k plot", file=sys.stderr)
         return None
-    keys = sorted((k for k in before if k.startswith("pass@")), key=lambda k: int(k.split("@")[1]))
+    keys = sorted((k for k in before if k.startswith("eval/pass@")), key=lambda k: int(k.split("@")[1]))
     xs = range(len(keys))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     width = 0.38
@@ -160,11 +181,18 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, Any]:
     from learners.cli import build_team
     from learners.magrpo import MAGRPOTrainer
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out_dir, option="--out")
     magrpo = MAGRPOConfig.from_dict(
-        {**cfg.magrpo.to_dict(), "output_dir": str(out_dir), "env_kwargs": {**cfg.env_kwargs, **cfg.magrpo.env_kwargs}}
+        {
+            **cfg.magrpo.to_dict(),
+            "output_dir": str(out_dir),
+            "env_kwargs": {**cfg.env_kwargs, **cfg.magrpo.env_kwargs},
+            **cfg.logging_options(),
+            **_eval_options(cfg),
+        }
     )
     cfg = MainJobConfig.from_dict({**cfg.to_dict(), "magrpo": magrpo.to_dict()})
+    _check_start(cfg, magrpo)
     cfg.to_yaml(out_dir / "config.yaml")
     started = time.perf_counter()
     print(
@@ -172,12 +200,12 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, Any]:
     )
     team = build_team(magrpo, cfg.env_id)
     print(f"[main] device: {team[0].device}", file=sys.stderr)
-    before = _evaluate(cfg, team, "before training")
     trainer = MAGRPOTrainer(magrpo, team, cfg.env_id)
-    trainer.logger.log({f"eval_before/{k}": v for k, v in before.items()}, step=0)
-    trainer.train()
-    after = _evaluate(cfg, team, "after training")
-    trainer.logger.log({f"eval_after/{k}": v for k, v in after.items()}, step=trainer.global_step)
+    trainer.train()  # evaluates with the episode engine at step 0 and after the last step
+    before, after = _first_and_last_eval(trainer.history)
+    _report("before training", before)
+    _report("after training", after)
+    _plot_reward_curve(out_dir, magrpo.num_turns)
     table = _eval_table(before, after)
     (out_dir / "eval.md").write_text(
         f"# Held-out evaluation ({cfg.env_id}, tasks {cfg.eval_task_slice}, first {cfg.eval_num_tasks}, "
@@ -202,6 +230,23 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, Any]:
     return summary
 
 
+def _check_start(cfg: MainJobConfig, magrpo: MAGRPOConfig) -> None:
+    """Before any model loads: the training and held-out envs build, the team fits, the models resolve."""
+    from learners.common.preflight import (
+        check_environment,
+        check_model_sources,
+        check_team_size,
+        env_build_kwargs,
+        model_options,
+    )
+
+    agents = check_environment(cfg.env_id, env_build_kwargs(magrpo, magrpo.train_task_slice))
+    held_out = {**cfg.env_kwargs, "num_turns": magrpo.num_turns, "task_slice": cfg.eval_task_slice}
+    check_environment(cfg.env_id, held_out, kwargs_option="eval_task_slice")
+    check_team_size(magrpo, agents)
+    check_model_sources((f"magrpo.{option}", source) for option, source in model_options(magrpo))
+
+
 # -- command line --------------------------------------------------------------------
 def add_commands(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -214,6 +259,7 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--config", help="YAML file of MainJobConfig options")
     p.add_argument("--print-config", action="store_true", help="print the resolved options and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="option overrides, e.g. magrpo.max_steps=8")
+    add_debug_flag(p)
     p.set_defaults(func=_run)
 
 
@@ -229,5 +275,5 @@ def _run(args: argparse.Namespace) -> int:
     if args.print_config:
         print("\n".join(cfg.to_overrides()))
         return 0
-    run_main_job(cfg, pathlib.Path(args.out))
+    run_main_job(cfg, pathlib.Path(args.out))  # bad input raises a UsageError: exit code 2
     return 0

@@ -2,26 +2,42 @@
 
 Stdlib only; it runs inside the sandbox (the container's ``python3`` or the process
 backend's interpreter). ``sandbox/_server.py`` forks a child per program and calls
-``run_child``; the child never returns: it writes one verdict on the verdict pipe and
-leaves with ``os._exit``.
+``run_child``; the child never returns: it leaves with ``os._exit``.
 
-Why a verdict pipe plus a secret: the untrusted program runs in this very process, so
-its exit code and its output prove nothing. The verdict is a ``repr`` of plain builtin
-values carrying a per-run secret (known to the server), written after the tests finish.
-Everything the harness needs after the program has run (``os.write``, ``os._exit``,
-``repr``, ``isinstance``, the exception classes, ...) is captured in locals BEFORE the
-program runs, and the tests are compiled before it too, so redefining
-``AssertionError``, patching ``builtins``/``os``/``json``, printing fake verdicts or
-exiting early cannot turn into a pass. A deliberate adversary that introspects the
-interpreter (``gc``, frames, trace hooks, ``ctypes``) can still find the secret or edit
-the harness's state: in-process checking cannot stop that; see docs/sandbox.md.
+Why no program can write its own pass
+-------------------------------------
+The program runs in this very process, so nothing it can reach may be able to produce a
+pass. A pass is a per-unit TOKEN (unit 0 is the program, unit k the k-th test statement
+or block) derived from a seed only the server and this child know. Before any untrusted
+code runs, ``_launch`` turns the seed into tokens and builds one iterator of C-level
+objects (``map``/``compress``/``takewhile``/``partial``) that calls the runner for each
+unit and writes that unit's token to the verdict pipe only when the runner returned its
+literal "passed" selectors (``exec`` returned normally). The iterator is consumed without
+ever being bound to a name, so while user code runs the tokens are held only by C-level
+objects:
+- no frame holds them: the runner's and the harness's frames (what ``f_back`` walks,
+  tracebacks and signal handlers reach) hold code objects, the namespace and the unit
+  number; the runner's closure cells are unreachable (the function itself is referenced
+  only by the iterators);
+- ``gc.get_objects``/``get_referrers``/``get_referents``, ``ctypes``, crafted code objects
+  (``code.__new__``, ``marshal``), tracing (which could jump past an ``assert``), new audit
+  hooks and ``/proc/*/mem``/``/proc/*/fd`` are refused by an audit hook (PEP 578) that is
+  installed before the program runs and that no Python code can remove;
+- in Docker the interpreter is execute-only, so the process is not dumpable: its
+  ``/proc/self/mem`` is root's and no other process can read its memory.
+Failure details (error type, message, traceback) are written by the runner and are
+untrusted: they can only describe a failure, never make one a pass.
 """
 
 import ast
 import builtins
+import collections
+import functools
+import hashlib
+import itertools
 import linecache
+import operator
 import os
-import random
 import resource
 import signal
 import sys
@@ -44,6 +60,92 @@ _SETUP_NODES = (
     ast.AnnAssign,
     ast.AugAssign,
 )
+# What the audit hook refuses while user code runs (see the module docstring).
+DENIED_EVENTS = frozenset(
+    {
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys.settrace",
+        "sys.setprofile",
+        "sys._settraceallthreads",
+        "sys._setprofileallthreads",
+        "sys.addaudithook",
+        "marshal.load",
+        "marshal.loads",
+    }
+)
+DENIED_MODULES = frozenset(
+    {
+        "ctypes",
+        "_ctypes",
+        "cffi",
+        "_cffi_backend",
+        "_testcapi",
+        "_testinternalcapi",
+        "_testbuffer",
+        "_testmultiphase",
+        "_testsinglephase",
+        "_testimportmultiple",
+        "_xxsubinterpreters",
+        "_xxinterpchannels",
+        "_xxtestfuzz",
+    }
+)
+_PROC_DENIED_PARTS = frozenset({"mem", "pagemap", "map_files", "fd", "fdinfo"})
+
+
+def token_for(seed, unit):
+    """The pass token of one unit (0 = the program): known to the server and the child only."""
+    return hashlib.sha256(seed + unit.to_bytes(4, "big")).hexdigest()[:32]
+
+
+def token_line(seed, unit):
+    return b"T%d:%s\n" % (unit, token_for(seed, unit).encode())
+
+
+def install_guard():
+    """Install the audit hook that refuses the means to read or forge a token."""
+    realpath, fspath, isabs, sep = os.path.realpath, os.fspath, os.path.isabs, os.sep
+    denied_events, denied_modules, proc_parts = DENIED_EVENTS, DENIED_MODULES, _PROC_DENIED_PARTS
+    _str, _bytes, _type, _frozenset, _getframe = str, bytes, type, frozenset, sys._getframe
+    # types.coroutine sets a flag with code.replace (asyncio uses it): the bytecode stays
+    # the compiler's, so that caller may build code objects; nothing else may.
+    coroutine_code = __import__("types").coroutine.__code__
+
+    def refuse_path(path):
+        if _type(path) is int:
+            return False  # an already open descriptor
+        if _type(path) is _bytes:
+            path = path.decode("utf-8", "surrogateescape")
+        elif _type(path) is not _str:
+            path = fspath(path)  # a PathLike runs in the caller's thread: that is fine
+            if _type(path) is _bytes:
+                path = path.decode("utf-8", "surrogateescape")
+        if _type(path) is not _str:
+            return True
+        parts = _frozenset(path.split(sep))
+        if not isabs(path):
+            return bool(parts & proc_parts)  # may be relative to a /proc dir_fd
+        full = realpath(path)
+        return (path.startswith("/proc/") or full.startswith("/proc/") or path.startswith("/dev/fd")) and bool(
+            (parts | _frozenset(full.split(sep))) & proc_parts
+        )
+
+    def guard(event, args):
+        if event in denied_events or event.startswith("ctypes."):
+            raise RuntimeError(f"the sandbox does not permit {event}")
+        if event == "code.__new__":
+            if _getframe(1).f_code is not coroutine_code:
+                raise RuntimeError("the sandbox does not permit building code objects")
+        elif event == "import":
+            name = args[0]
+            if _type(name) is _str and name.partition(".")[0] in denied_modules:
+                raise ImportError(f"the sandbox does not permit importing {name}")
+        elif event == "open" and args and refuse_path(args[0]):
+            raise PermissionError(f"the sandbox does not permit opening {args[0]!r}")
+
+    sys.addaudithook(guard)
 
 
 def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
@@ -55,9 +157,8 @@ def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
     os.dup2(err_w, 2)
     os.dup2(verdict_w, VERDICT_FD)
     os.closerange(VERDICT_FD + 1, 65536)  # the server's channel to the host included
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)  # no Python-level handler: no code runs on a signal
     os.chdir(workdir)
     if cfg.get("run_uid") is not None:  # process backend started as root: drop to nobody
         os.setgroups([])
@@ -75,12 +176,16 @@ def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
     if cfg.get("nproc"):
         limits.append((resource.RLIMIT_NPROC, cfg["nproc"]))
     for which, value in limits:
-        soft, hard = resource.getrlimit(which)
+        _soft, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
     os.environ.clear()
     os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
-    random.seed()  # forked children would otherwise share the server's random state
+    # random needs no reseeding here: CPython reseeds it in every forked child (at-fork hook).
+    # Modules not preloaded by the server compile from source: cached bytecode would need
+    # marshal, which the guard refuses (a crafted .pyc is arbitrary memory access).
+    sys.dont_write_bytecode = True
+    sys.pycache_prefix = "/nonexistent/comlrl-sandbox-pycache"
 
 
 def _compile_tests(tests, per_assert):
@@ -93,10 +198,9 @@ def _compile_tests(tests, per_assert):
         return []
     units = []
     if isinstance(tests, str):
-        if not per_assert:
-            linecache.cache["<tests>"] = (len(tests), None, tests.splitlines(True), "<tests>")
-            return [(tests, compile(tests, "<tests>", "exec"), "check", None)]
         linecache.cache["<tests>"] = (len(tests), None, tests.splitlines(True), "<tests>")
+        if not per_assert:
+            return [(tests, compile(tests, "<tests>", "exec"), "check", None)]
         tree = ast.parse(tests, "<tests>")  # a SyntaxError here fails the whole block
         for node in tree.body:
             text = ast.get_source_segment(tests, node) or ast.unparse(node)
@@ -113,26 +217,20 @@ def _compile_tests(tests, per_assert):
     return units
 
 
-def run_child(cfg, request, secret, workdir, out_w, err_w, verdict_w):
-    """Body of the forked child. Never returns."""
-    _exit = os._exit
-    try:
-        _prepare_process(cfg, workdir, out_w, err_w, verdict_w)
-    except BaseException:  # noqa: BLE001 - report on stderr, the server classifies the exit
-        try:
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            _exit(CHILD_SETUP_FAILED)
+def _make_runner(per_assert):
+    """The function each unit's thread runs: exec one unit, report a failure's details.
 
-    # Originals, captured before any untrusted code runs (see the module docstring).
+    It returns the selectors of its unit: (write the pass token, stop here). Whether it
+    selects the token depends only on whether ``exec`` returned (the tuples are literals),
+    never on a value the program could reach. Everything it uses is captured here, before
+    any untrusted code runs, and the function itself is reachable only through C-level
+    iterators (so its closure cells are out of the program's reach).
+    """
     _write, _repr, _isinstance, _len, _type, _str, _exec = os.write, repr, isinstance, len, type, str, exec
-    _encode, _decode, _getpid = str.encode, bytes.decode, os.getpid
-    my_pid = _getpid()  # processes the program forks run this harness too: they stay silent
+    _encode, _decode = str.encode, bytes.decode
     _BaseException, _AssertionError, _MemoryError = BaseException, AssertionError, MemoryError
     _SystemExit, _SyntaxError, _format_exc = SystemExit, SyntaxError, traceback.format_exception
-    _settrace, _setprofile, _stdout, _stderr = sys.settrace, sys.setprofile, sys.stdout, sys.stderr
-    # Address space released on MemoryError so the verdict can still be built (bytes(n)
+    # Address space released on MemoryError so the details can still be built (bytes(n)
     # is calloc'ed: it reserves address space without touching pages).
     reserve = [bytes(1 << 20)]
 
@@ -152,20 +250,17 @@ def run_child(cfg, request, secret, workdir, out_w, err_w, verdict_w):
         except _BaseException:  # noqa: BLE001
             name = "<unknown>"
         if _isinstance(err, _SyntaxError):
-            message = f"{clean(err.msg)} (line {clean(err.lineno)}, column {clean(err.offset)})"
-        else:
-            message = clean(err)
-        return name, message
+            return name, f"{clean(err.msg)} (line {clean(err.lineno)}, column {clean(err.offset)})"
+        return name, clean(err)
 
     def trace_text(err):
-        try:  # skip the harness's own frame: users want their code's frames
+        try:  # skip the runner's own frame: users want their code's frames
             lines = _format_exc(_type(err), err, err.__traceback__.tb_next)
             return clean("".join(lines)[-_TRACEBACK_CAP:], _TRACEBACK_CAP)
         except _BaseException:  # noqa: BLE001
             return ""
 
     def classify(err):
-        """Status for an exception raised by the program or a test."""
         if _isinstance(err, _SystemExit):
             return "killed"  # an early exit is never a verdict
         if _isinstance(err, _MemoryError):
@@ -174,73 +269,101 @@ def run_child(cfg, request, secret, workdir, out_w, err_w, verdict_w):
             return "failed"
         return "error"
 
-    status, error_type, error_message, phase, trace, outcomes = "passed", None, None, "tests", "", None
-    source, per_assert = request["source"], bool(request.get("per_assert"))
-    # A copy of builtins: `import builtins; builtins.len = ...` cannot reach the tests.
-    namespace = {"__name__": "__sandbox__", "__builtins__": dict(builtins.__dict__)}
+    def run_unit(unit, code, compile_error, namespace):
+        err = compile_error
+        if err is None:
+            try:
+                _exec(code, namespace)
+            except _BaseException as raised:  # noqa: BLE001
+                err = raised
+            else:
+                return (True, False)  # literal selectors (write the token, stop): no cell decides a pass
+        try:
+            if _isinstance(err, _MemoryError):
+                del reserve[:]
+            status = classify(err)
+            etype, emsg = describe(err)
+            detail = ("unit", unit, status, etype, emsg, trace_text(err) if compile_error is None else "")
+            _write(VERDICT_FD, _encode(_repr(detail) + "\n", "utf-8", "surrogatepass"))
+        except _BaseException:  # noqa: BLE001 - details are best effort; the chain goes on
+            status = "error"
+        if unit > 0 and per_assert and status in ("failed", "error"):
+            return (False, False)  # the next statement still runs
+        return (False, True)
+
+    return run_unit
+
+
+def _launch(program, units, runner, namespace, seed_box):
+    """The iterator that runs every unit, tokens inside; nothing else keeps a reference.
+
+    Per unit: ``compress((write token, STOP), selectors)`` where the selectors come from
+    calling the runner lazily; all units are chained and cut at the first STOP by
+    ``takewhile``; ``map(call, ...)`` performs the token writes. The caller consumes the
+    result without binding it to a name, so once this frame is gone the seed and the
+    tokens are held only by C-level iterator objects that no Python name or attribute
+    reaches (``gc`` is refused).
+    """
+    call, partial, compress = operator.call, functools.partial, itertools.compress
+    flatten, write, seed = itertools.chain.from_iterable, os.write, seed_box.pop()
+    stop = object()
+    per_unit = []
+    for unit in range(len(units) + 1):
+        code, compile_error = (units[unit - 1][1], units[unit - 1][3]) if unit else (program, None)
+        selectors = flatten(map(call, (partial(runner, unit, code, compile_error, namespace),)))
+        per_unit.append(compress((partial(write, VERDICT_FD, token_line(seed, unit)), stop), selectors))
+    return map(call, itertools.takewhile(partial(operator.is_not, stop), flatten(per_unit)))
+
+
+def run_child(cfg, request, seed_box, workdir, out_w, err_w, verdict_w):
+    """Body of the forked child. Never returns."""
+    _exit, _write, _repr, _encode = os._exit, os.write, repr, str.encode
+    try:
+        _prepare_process(cfg, workdir, out_w, err_w, verdict_w)
+    except BaseException:  # noqa: BLE001 - report on stderr, the server classifies the exit
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            _exit(CHILD_SETUP_FAILED)
+
+    def emit(message):
+        data = _encode(_repr(message) + "\n", "utf-8", "surrogatepass")
+        while data:
+            data = data[_write(VERDICT_FD, data) :]
+
+    per_assert = bool(request.get("per_assert"))
+    source = request["source"]
+    phase = "tests"
     try:
         units = _compile_tests(request.get("tests"), per_assert)
         phase = "program"
         linecache.cache["<program>"] = (len(source), None, source.splitlines(True), "<program>")
         program = compile(source, "<program>", "exec")
-    except _BaseException as err:  # noqa: BLE001
-        units = []
-        status = classify(err)
-        error_type, error_message = describe(err)
+    except BaseException as err:  # noqa: BLE001 - nothing untrusted has run yet
+        name = type(err).__name__
+        if isinstance(err, SyntaxError):
+            message = f"{err.msg} (line {err.lineno}, column {err.offset})"
+        else:
+            message = str(err)[:_TEXT_CAP]
         if phase == "tests":
-            error_message = "in tests: " + error_message
-    else:
-        try:
-            _exec(program, namespace)
-        except _BaseException as err:  # noqa: BLE001
-            if _isinstance(err, _MemoryError):
-                del reserve[:]
-            status = classify(err)
-            error_type, error_message = describe(err)
-            trace = trace_text(err)
-            if status == "killed":
-                error_message = f"program exited early (SystemExit: {error_message or 0}) before its tests ran"
-            units = []
-        _settrace(None)
-        _setprofile(None)
-        if status == "passed":
-            phase = "tests"
-            outcomes = [] if per_assert else None
-        for index, (text, code, kind, compile_err) in enumerate(units):
-            err = compile_err
-            if err is None:
-                try:
-                    _exec(code, namespace)
-                except _BaseException as raised:  # noqa: BLE001
-                    err = raised
-                _settrace(None)
-                _setprofile(None)
-            if err is None:
-                if outcomes is not None and kind == "check" and _len(outcomes) < _MAX_OUTCOMES:
-                    outcomes.append((index, clean(text), True, None, None))
-                continue
-            if _isinstance(err, _MemoryError):
-                del reserve[:]
-            verdict = classify(err)
-            etype, emsg = describe(err)
-            if verdict == "killed":
-                emsg = f"exited early (SystemExit: {emsg or 0}) during the tests"
-            if outcomes is not None and _len(outcomes) < _MAX_OUTCOMES:
-                outcomes.append((index, clean(text), False, etype, emsg))
-            if status == "passed":  # the first failure decides the status
-                status, error_type, error_message, trace = verdict, etype, emsg, trace_text(err)
-            if outcomes is None or verdict in ("killed", "memory"):
-                break  # a block stops at its first failure; exits and memory stop everything
-    try:  # the program's buffered output belongs before the verdict
-        _stdout.flush()
-        _stderr.flush()
-    except _BaseException:  # noqa: BLE001
-        pass
-    if _getpid() != my_pid:
+            message = "in tests: " + message
+        status = "memory" if isinstance(err, MemoryError) else "error"
+        emit(("compile", status, name, message, phase))
         _exit(0)
-    # One line (repr never emits a raw newline) of plain builtin values.
-    message = _repr((secret, my_pid, status, error_type, error_message, phase, trace, outcomes))
-    data = _encode(message + "\n", "utf-8", "surrogatepass")
-    while data:
-        data = data[_write(VERDICT_FD, data) :]
+    # The plan is the first line on the verdict pipe, written before any untrusted code.
+    emit(("plan", [(text[:_TEXT_CAP], kind) for text, _, kind, _ in units[:_MAX_OUTCOMES]], len(units)))
+    # A copy of builtins: `import builtins; builtins.len = ...` cannot reach the tests.
+    namespace = {"__name__": "__sandbox__", "__builtins__": dict(builtins.__dict__)}
+    stdout, stderr, consume = sys.stdout, sys.stderr, collections.deque
+    install_guard()
+    try:  # the iterator is never bound to a name of this frame (see _launch)
+        consume(_launch(program, units, _make_runner(per_assert), namespace, seed_box), 0)
+    except BaseException:  # noqa: BLE001 - the units that finished have their tokens out
+        pass
+    for stream in (stdout, stderr):  # the program's buffered output belongs before the end
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed or hostile stream
+            pass
     _exit(0)

@@ -17,6 +17,11 @@ signals from the program are ignored (no handler), and after each run every othe
 process in the container is killed with ``kill(-1)``, so nothing survives a run; if
 something does, or the container's cgroup OOM-killed a process, the reply says
 ``tainted`` and the host replaces the container.
+
+Verdicts: the server draws a seed per program (the child derives per-unit pass tokens
+from it, see _child.py) and builds the verdict from the verdict pipe: the child's plan
+(first line, written before untrusted code), the tokens that arrived (a unit passed only
+with its exact token) and the runner's untrusted failure details.
 """
 
 import ast
@@ -32,11 +37,13 @@ import tempfile
 import time
 
 if "run_child" not in globals():  # imported as a module; the -c source concatenates _child.py
-    from sandbox._child import CHILD_SETUP_FAILED, run_child
+    from sandbox._child import CHILD_SETUP_FAILED, run_child, token_for
 
 _HEADER = struct.Struct(">I")
 _VERDICT_CAP = 1 << 20
 _STATUSES = ("passed", "failed", "error", "timeout", "memory", "killed")
+_FAILURES = ("failed", "error", "memory", "killed")  # what a unit's (untrusted) detail may say
+_MAX_OUTCOMES = 1000
 
 
 def _read_exact(size):
@@ -63,16 +70,6 @@ def _send(message):
     data = memoryview(_HEADER.pack(len(body)) + body)
     while data:
         data = data[os.write(1, data) :]
-
-
-def _set_dumpable(flag):
-    """prctl(PR_SET_DUMPABLE): a non-dumpable server cannot be ptraced by its programs."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, flag, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - best effort (ctypes may be missing)
-        pass
 
 
 def _oom_kills():
@@ -205,49 +202,100 @@ def _drain(fds, buffers, truncated, caps):
             buffers[fd] += data
 
 
-def _parse_verdict(raw, secret, pid):
+def _parse_line(line):
+    try:
+        return ast.literal_eval(line.decode("utf-8", "surrogatepass"))
+    except Exception:  # noqa: BLE001 - anything malformed is tampering
+        return None
+
+
+def _parse_verdict(raw, seed, per_assert):
     """(verdict dict or None, tampered flag) from the lines on the verdict pipe.
 
-    Processes forked by the program carry the harness too but stay silent; any line
-    without the secret, or a second verdict from the child, means tampering.
+    The first line is the child's plan (or its compile error), written before any
+    untrusted code ran. A unit passed only if its token line is there; a token line with
+    a wrong token, or any line that is neither a token nor a well-formed failure detail,
+    is tampering. Failure details are the runner's (untrusted) account of a failure: they
+    can describe a failure, never make a pass. None without tampering means the child
+    ended before its units finished (the exit status then decides).
     """
-    verdict, tampered = None, False
-    for line in bytes(raw).split(b"\n"):
-        if not line:
-            continue
-        try:
-            value = ast.literal_eval(line.decode("utf-8", "surrogatepass"))
-            valid = type(value) is tuple and len(value) == 8 and value[0] == secret
-        except Exception:  # noqa: BLE001 - anything malformed is tampering
-            valid = False
-        if not valid:
-            tampered = True
-        elif value[1] == pid:
-            tampered = tampered or verdict is not None
-            verdict = value
-    if tampered or verdict is None:
-        return None, tampered
-    try:
-        _, _, status, etype, emsg, phase, trace, outcomes = verdict
+    lines = [line for line in bytes(raw).split(b"\n") if line]
+    if not lines:
+        return None, False
+    head = _parse_line(lines[0])
+    if type(head) is tuple and len(head) == 5 and head[0] == "compile" and len(lines) == 1:
+        _, status, etype, emsg, phase = head
         if status not in _STATUSES:
             return None, True
-        asserts = (
-            None
-            if outcomes is None
-            else [
-                {"index": o[0], "text": o[1], "passed": o[2], "error_type": o[3], "error_message": o[4]}
-                for o in outcomes
-            ]
-        )
-    except Exception:  # noqa: BLE001
+        verdict = {"status": status, "error_type": etype, "error_message": emsg, "asserts": None}
+        return dict(verdict, extra={"phase": phase, "traceback": ""}), False
+    if not (type(head) is tuple and len(head) == 3 and head[0] == "plan" and type(head[1]) is list):
         return None, True
-    return {
-        "status": status,
-        "error_type": etype,
-        "error_message": emsg,
-        "asserts": asserts,
-        "extra": {"phase": phase, "traceback": trace},
-    }, False
+    plan, n_units = head[1], head[2]
+    passed, details = set(), {}
+    for line in lines[1:]:
+        if line.startswith(b"T"):
+            unit_text, _, token = line[1:].partition(b":")
+            try:
+                unit = int(unit_text)
+            except ValueError:
+                return None, True
+            if not 0 <= unit <= n_units or token != token_for(seed, unit).encode():
+                return None, True
+            passed.add(unit)
+            continue
+        detail = _parse_line(line)
+        if not (type(detail) is tuple and len(detail) == 6 and detail[0] == "unit" and detail[2] in _FAILURES):
+            return None, True
+        details.setdefault(detail[1], detail)
+    return _combine(plan, n_units, passed, details, per_assert)
+
+
+def _combine(plan, n_units, passed, details, per_assert):
+    """The verdict from the units that passed (tokens) and the failures' details."""
+    if 0 not in passed:  # the program itself did not finish
+        detail = details.get(0)
+        if detail is None:
+            return None, False
+        _, _, status, etype, emsg, trace = detail
+        if status == "killed":
+            emsg = f"program exited early (SystemExit: {emsg or 0}) before its tests ran"
+        extra = {"phase": "program", "traceback": trace}
+        return {"status": status, "error_type": etype, "error_message": emsg, "asserts": None, "extra": extra}, False
+    status, etype, emsg, trace = "passed", None, None, ""
+    outcomes = [] if per_assert else None
+    for unit in range(1, n_units + 1):
+        text, kind = plan[unit - 1] if unit <= len(plan) else ("", "check")
+        if unit in passed:
+            if outcomes is not None and kind == "check" and len(outcomes) < _MAX_OUTCOMES:
+                outcomes.append(
+                    {"index": unit - 1, "text": text, "passed": True, "error_type": None, "error_message": None}
+                )
+            continue
+        detail = details.get(unit)
+        if detail is None:
+            return None, False  # the child ended inside this unit: its exit status decides
+        _, _, verdict, detail_type, detail_message, detail_trace = detail
+        if verdict == "killed":
+            detail_message = f"exited early (SystemExit: {detail_message or 0}) during the tests"
+        if outcomes is not None and len(outcomes) < _MAX_OUTCOMES:
+            outcomes.append(
+                {
+                    "index": unit - 1,
+                    "text": text,
+                    "passed": False,
+                    "error_type": detail_type,
+                    "error_message": detail_message,
+                }
+            )
+        if status == "passed":  # the first failure decides the status
+            status, etype, emsg, trace = verdict, detail_type, detail_message, detail_trace
+        if outcomes is None or verdict in ("killed", "memory"):
+            break
+    if status == "passed" and len(passed) != n_units + 1:  # unreachable: a pass needs every token
+        return None, True
+    extra = {"phase": "tests", "traceback": trace}
+    return {"status": status, "error_type": etype, "error_message": emsg, "asserts": outcomes, "extra": extra}, False
 
 
 def _exit_verdict(wait_status, oom):
@@ -269,7 +317,7 @@ def _exit_verdict(wait_status, oom):
 def _run(cfg, request):
     timeout = float(request["timeout"])
     run_cfg = dict(cfg, cpu_seconds=int(timeout) + 2)  # CPU cap: escaped processes die too
-    secret = os.urandom(16).hex()
+    seed_box = [os.urandom(32)]  # the child pops it: no frame of the child keeps the seed
     workdir = tempfile.mkdtemp(prefix="run-", dir=cfg["work_root"])
     if cfg.get("run_uid") is not None:
         os.chown(workdir, cfg["run_uid"], cfg["run_gid"])
@@ -283,7 +331,7 @@ def _run(cfg, request):
         try:
             for fd in (out_r, err_r, verdict_r):
                 os.close(fd)
-            run_child(run_cfg, request, secret, workdir, out_w, err_w, verdict_w)
+            run_child(run_cfg, request, seed_box, workdir, out_w, err_w, verdict_w)
         finally:
             os._exit(CHILD_SETUP_FAILED)
     for fd in (out_w, err_w, verdict_w):
@@ -307,7 +355,7 @@ def _run(cfg, request):
     for fd in fds:
         os.close(fd)
     oom = oom_before is not None and (_oom_kills() or 0) > oom_before
-    verdict, tampered = _parse_verdict(buffers[verdict_r], secret, pid)
+    verdict, tampered = _parse_verdict(buffers[verdict_r], seed_box[0], bool(request.get("per_assert")))
     if not exited:
         verdict = {
             "status": "timeout",
@@ -358,7 +406,8 @@ def main():
             pass
     gc.collect()
     gc.freeze()  # children's GC then skips the server's objects: far fewer copy-on-write faults
-    _set_dumpable(0)
+    # Never load ctypes here: a child could re-create an already loaded extension module
+    # without an import audit event. (Docker's image makes the interpreter non-dumpable.)
     os.makedirs(cfg["work_root"], exist_ok=True)
     _send(
         {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0], "oom_counter": _oom_kills() is not None}

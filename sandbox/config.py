@@ -51,6 +51,12 @@ DEFAULT_PREIMPORT: tuple[str, ...] = (
 )
 
 
+def default_pool_size() -> int:
+    """CPUs + 2: two workers beyond the cores keep the CPUs busy while a worker waits (a
+    round trip, a fork, a program that sleeps or spins until its timeout)."""
+    return (os.cpu_count() or 1) + 2
+
+
 @dataclass
 class SandboxConfig:
     """Options of a :class:`sandbox.Sandbox`.
@@ -62,7 +68,7 @@ class SandboxConfig:
     """
 
     backend: str = "auto"  # "auto" (Docker when an engine answers), "docker" or "process"
-    pool_size: int | None = None  # warm workers = max concurrent programs; None = os.cpu_count()
+    pool_size: int | None = None  # warm workers = max concurrent programs; None = default_pool_size()
     timeout: float = 10.0  # default wall-clock seconds per program
     memory_mb: int = 512
     pids: int = 64  # processes per container (process backend: RLIMIT_NPROC headroom)
@@ -80,9 +86,9 @@ class SandboxConfig:
                 f"backend={self.backend!r} is not one of {BACKENDS}; use 'auto' to pick Docker when an engine answers"
             )
         if self.pool_size is None:
-            self.pool_size = os.cpu_count() or 1
+            self.pool_size = default_pool_size()
         if not isinstance(self.pool_size, int) or self.pool_size < 1:
-            raise ValueError(f"pool_size={self.pool_size!r} must be a positive int (or None for os.cpu_count())")
+            raise ValueError(f"pool_size={self.pool_size!r} must be a positive int (or None for the CPU count + 2)")
         for name, minimum in (("timeout", 0.001), ("cpus", 0.01)):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < minimum:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import struct
+import time
 from typing import Any
 
 from .config import SandboxConfig
@@ -27,6 +29,7 @@ from .worker import Worker
 LABEL = "comlrl.sandbox"
 _FRAME = struct.Struct(">BxxxI")
 _SERVER_HEADROOM_MB = 64  # the fork server itself, beyond the program's memory_mb
+REMOVE_PATIENCE_S = 90.0  # how long a closing worker keeps trying to remove its container
 
 
 def _process_start_time(pid: int) -> str:
@@ -83,7 +86,7 @@ def remove_stale_containers(client) -> list[str]:
     return removed
 
 
-def container_options(config: SandboxConfig) -> dict[str, Any]:
+def container_options(config: SandboxConfig, pool_id: str = "") -> dict[str, Any]:
     """Keyword arguments for ``containers.create``: the lock-down and the limits."""
     memory = f"{config.memory_mb + config.tmpfs_mb + _SERVER_HEADROOM_MB}m"
     return dict(
@@ -99,25 +102,29 @@ def container_options(config: SandboxConfig) -> dict[str, Any]:
         pids_limit=config.pids,
         nano_cpus=int(config.cpus * 1e9),
         working_dir="/tmp",
-        environment={"LANG": "C.UTF-8", "HOME": "/tmp"},
+        # One malloc arena: a program runs in threads, and each extra glibc arena would reserve
+        # 64 MiB of the program's address-space limit.
+        environment={"LANG": "C.UTF-8", "HOME": "/tmp", "MALLOC_ARENA_MAX": "1"},
         hostname="sandbox",
         stdin_open=True,
         tty=False,
-        labels=owner_labels(),
+        labels={**owner_labels(), f"{LABEL}.pool": pool_id},
     )
 
 
 class DockerWorker(Worker):
     backend = "docker"
 
-    def __init__(self, client, image: str, config: SandboxConfig) -> None:
+    def __init__(self, client, image: str, config: SandboxConfig, pool_id: str = "") -> None:
         super().__init__()
         self._frames = bytearray()
         self._stderr_tail = bytearray()
         self._sock = self._raw = None
         server_cfg = dict(config.server_config(), work_root="/tmp", clean_dirs=["/tmp", "/dev/shm"], container=True)
         self.container = client.containers.create(
-            image, command=["python3", "-I", "-c", server_source(), json.dumps(server_cfg)], **container_options(config)
+            image,
+            command=["python3", "-I", "-c", server_source(), json.dumps(server_cfg)],
+            **container_options(config, pool_id),
         )
         try:
             # Attach before start, so not a byte of the server's output is missed.
@@ -165,6 +172,18 @@ class DockerWorker(Worker):
     def diagnostics(self) -> str:
         return self._stderr_tail.decode("utf-8", "replace")
 
+    def alive(self) -> bool:
+        """An idle server writes nothing: a readable socket that reads empty is a dead container."""
+        if self.broken or self._raw is None:
+            return False
+        try:
+            readable, _, _ = select.select([self._raw], [], [], 0)
+            if readable and not self._raw.recv(1, socket.MSG_PEEK):
+                return False
+        except (OSError, ValueError):
+            return False
+        return True
+
     def close(self) -> None:
         for closable in (self._raw, self._sock):
             try:
@@ -173,7 +192,39 @@ class DockerWorker(Worker):
             except OSError:
                 pass
         self._raw = self._sock = None
+        remove_container(self.container)
+
+
+def remove_pool_containers(client, pool_id: str, patience: float = REMOVE_PATIENCE_S) -> None:
+    """Remove every container of one pool: the sweep at close (a container created while the
+    engine was going down can outlive its worker's own removal attempt)."""
+    deadline = time.monotonic() + patience
+    while True:
         try:
-            self.container.remove(force=True)
-        except Exception:  # noqa: BLE001 - already removed, or the engine is gone
-            pass
+            containers = client.containers.list(all=True, filters={"label": f"{LABEL}.pool={pool_id}"})
+            break
+        except Exception:  # noqa: BLE001 - the engine is down: try again
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
+    for container in containers:
+        remove_container(container, max(deadline - time.monotonic(), 1.0))
+
+
+def remove_container(container, patience: float = REMOVE_PATIENCE_S) -> bool:
+    """Remove a container, retrying while the engine does not answer (e.g. it restarts)."""
+    import docker.errors
+
+    deadline = time.monotonic() + patience
+    delay = 0.2
+    while True:
+        try:
+            container.remove(force=True)
+            return True
+        except docker.errors.NotFound:
+            return True
+        except Exception:  # noqa: BLE001 - the engine is down or busy: try again
+            if time.monotonic() + delay > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -14,6 +14,7 @@ and an existing tag is reused without building. ``python -m sandbox.image`` buil
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 # Everything that decides the image's content. Bump "revision" when the build steps change.
 RECIPE: dict[str, Any] = {
-    "revision": 1,
+    "revision": 2,
     "suite": "bookworm",
     "variant": "minbase",
     "include": ["python3"],
@@ -44,6 +45,17 @@ RECIPE: dict[str, Any] = {
         "var/lib/apt/lists",
         "var/log",
     ],
+    # Extension modules that give raw memory access (ctypes) or test-only C APIs: a program
+    # (or a Python it starts) must not find them.
+    "remove": [
+        "usr/lib/python3.11/lib-dynload/_ctypes*.so",
+        "usr/lib/python3.11/lib-dynload/_test*.so",
+        "usr/lib/python3.11/lib-dynload/_xx*.so",
+        "usr/lib/python3.11/lib-dynload/xxlimited*.so",
+    ],
+    # Execute-only interpreter: the kernel makes every process that runs it non-dumpable, so
+    # no process in the container can read another's memory (or its own /proc/self/mem).
+    "execute_only": ["usr/bin/python3.11"],
 }
 
 
@@ -123,6 +135,11 @@ def build_image(client=None, force: bool = False, mirror: str | None = None, log
             if os.path.isdir(path):
                 shutil.rmtree(path)
                 os.makedirs(path)
+        for pattern in RECIPE["remove"]:
+            for path in glob.glob(os.path.join(rootfs, pattern)):
+                os.unlink(path)
+        for rel in RECIPE["execute_only"]:
+            os.chmod(os.path.join(rootfs, rel), 0o711)
         archive = os.path.join(workdir, "rootfs.tar")
         with tarfile.open(archive, "w") as tar:
             for name in sorted(os.listdir(rootfs)):

@@ -118,7 +118,8 @@ class ProcessWorker(Worker):
                 )
         if run_uid != 0:  # RLIMIT_NPROC counts all processes of the user; root ignores it
             server_cfg["nproc"] = _process_count(run_uid) + config.pids
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self._dir}
+        # MALLOC_ARENA_MAX: programs run in threads; extra glibc arenas would eat RLIMIT_AS
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self._dir, "MALLOC_ARENA_MAX": "1"}
         self._stderr = tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(
@@ -153,6 +154,9 @@ class ProcessWorker(Worker):
             return b""
         data = os.read(fd, 1 << 16)
         return data or None
+
+    def alive(self) -> bool:
+        return not self.broken and self._proc is not None and self._proc.poll() is None
 
     def diagnostics(self) -> str:
         try:

@@ -22,6 +22,8 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
+import uuid
 import warnings
 import weakref
 from typing import Sequence
@@ -79,6 +81,7 @@ class Sandbox:
         self._closers: list[threading.Thread] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
+        self._pool_id = uuid.uuid4().hex[:16]  # labels this pool's containers (swept at close)
         _live.add(self)
 
     def _select_backend(self) -> str:
@@ -106,17 +109,24 @@ class Sandbox:
         if self.backend == "docker":
             from .docker_backend import DockerWorker
 
-            return DockerWorker(self._client, self._image, self.config)
+            return DockerWorker(self._client, self._image, self.config, self._pool_id)
         from .process_backend import ProcessWorker
 
         return ProcessWorker(self.config)
 
-    def _acquire(self) -> Worker:
+    def _acquire(self, fresh: bool = False) -> Worker:
+        """An idle worker, or a new one while the pool has room; ``fresh``: always a new one."""
         while True:
             try:
-                return self._idle.get_nowait()
+                worker = None if fresh else self._idle.get_nowait()
             except queue.Empty:
                 pass
+            else:
+                if worker is not None:
+                    if worker.alive():
+                        return worker
+                    self._discard(worker)  # died while idle (killed from outside): replace it
+                    continue
             with self._lock:
                 grow = len(self._workers) < self.config.pool_size
                 if grow:
@@ -124,10 +134,19 @@ class Sandbox:
                     self._workers.add(placeholder)  # type: ignore[arg-type]
             if grow:
                 break
+            if fresh:  # make room: retire an idle worker (a new one takes its slot)
+                try:
+                    self._discard(self._idle.get(timeout=0.2))
+                except queue.Empty:
+                    pass
+                continue
             try:  # all busy: wait for a release (or a slot freed by a broken worker)
-                return self._idle.get(timeout=0.2)
+                worker = self._idle.get(timeout=0.2)
             except queue.Empty:
                 continue
+            if worker.alive():
+                return worker
+            self._discard(worker)
         try:
             worker = self._start_worker()
         except BaseException:
@@ -140,19 +159,30 @@ class Sandbox:
         return worker
 
     def _start_worker(self) -> Worker:
-        errors = []
-        for _ in range(2):  # one retry: a container start can fail transiently
+        """A new worker; retried with backoff for up to ``start_timeout`` seconds, so that a
+        restarting engine (or a transient start failure) delays programs instead of failing them."""
+        deadline = time.monotonic() + self.config.start_timeout
+        delay, attempts = 0.25, 0
+        while True:
+            attempts += 1
             try:
                 return self._new_worker()
             except Exception as err:  # noqa: BLE001
-                errors.append(f"{type(err).__name__}: {err}")
-        raise SandboxUnavailable(f"cannot start a {self.backend} sandbox worker: {errors[-1]}")
+                error = f"{type(err).__name__}: {err}"
+            if self._closed or time.monotonic() + delay > deadline:
+                raise SandboxUnavailable(f"cannot start a {self.backend} sandbox worker ({attempts} tries): {error}")
+            log.warning("sandbox worker did not start (%s); retrying in %.1f s", error, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
+
+    def _discard(self, worker: Worker) -> None:
+        with self._lock:
+            self._workers.discard(worker)
+        self._close_in_background(worker)  # a replacement starts on the next acquire
 
     def _release(self, worker: Worker) -> None:
         if worker.broken or self._closed:
-            with self._lock:
-                self._workers.discard(worker)
-            self._close_in_background(worker)  # a replacement starts on the next acquire
+            self._discard(worker)
         else:
             self._idle.put(worker)
 
@@ -162,13 +192,16 @@ class Sandbox:
         with self._lock:
             self._closers = [t for t in self._closers if t.is_alive()] + [thread]
 
-    def _serve(self, jobs: "queue.Queue[tuple[int, Program]]", results: list) -> None:
-        """One pool slot: take workers (replacing broken ones) until the jobs run out."""
-        while not jobs.empty():
-            worker = self._acquire()
+    def _serve(self, jobs: "queue.Queue[tuple[int, Program, int]]", results: list) -> None:
+        """One pool slot: take workers (replacing broken ones) until the jobs run out; a
+        program whose worker died under it runs first on a freshly started worker."""
+        lost = None
+        while lost is not None or not jobs.empty():
+            worker = self._acquire(fresh=lost is not None)
             try:
-                worker.serve(jobs, results, self.config.timeout)
+                worker.serve(jobs, results, self.config.timeout, first=lost)
             finally:
+                lost, worker.lost_job = worker.lost_job, None
                 self._release(worker)
 
     # -- public API ------------------------------------------------------------------
@@ -186,9 +219,9 @@ class Sandbox:
         batch = [as_program(p) for p in programs]  # bad input fails before anything runs
         if not batch:
             return []
-        jobs: queue.Queue[tuple[int, Program]] = queue.Queue()
-        for item in enumerate(batch):
-            jobs.put(item)
+        jobs: queue.Queue[tuple[int, Program, int]] = queue.Queue()  # (index, program, losses)
+        for index, program in enumerate(batch):
+            jobs.put((index, program, 0))
         results: list[Result | None] = [None] * len(batch)
         executor = self._pool_executor()
         slots = [executor.submit(self._serve, jobs, results) for _ in range(min(self.config.pool_size, len(batch)))]
@@ -239,13 +272,17 @@ class Sandbox:
         with self._lock:
             closers = list(self._closers)
         for thread in closers:
-            thread.join(timeout=30)
+            thread.join(timeout=120)  # removal retries while the engine is restarting
+        if self.backend == "docker" and self._client is not None:
+            from .docker_backend import remove_pool_containers
+
+            remove_pool_containers(self._client, self._pool_id)
         _live.discard(self)
 
     def __enter__(self) -> "Sandbox":
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -18,6 +18,9 @@ from .types import Program
 
 # Extra seconds the host waits beyond a program's timeout before it gives the server up.
 REPLY_GRACE_S = 15.0
+# Runs a program gets when its worker dies under it (a container killed from outside, the
+# engine restarted): the first loss retries it on another worker, the second reports it lost.
+MAX_ATTEMPTS = 2
 PIPELINE_DEPTH = 2  # requests in flight per worker
 PIPELINE_MAX_BYTES = 32 * 1024  # larger requests are sent only to an idle server
 
@@ -31,6 +34,9 @@ class Worker:
 
     def __init__(self) -> None:
         self.broken = False
+        # The program this worker lost (its server died under it), to run again once on a
+        # freshly started worker: another pooled one may be dying of the same cause.
+        self.lost_job: tuple[int, Program, int] | None = None
         self._decoder = FrameDecoder()
         self._ids = itertools.count(1)
 
@@ -54,6 +60,10 @@ class Worker:
     def close(self) -> None:
         raise NotImplementedError
 
+    def alive(self) -> bool:
+        """False when the server has certainly gone (checked before an idle worker is reused)."""
+        return not self.broken
+
     # -- protocol --------------------------------------------------------------------
     def _receive(self, deadline: float) -> dict:
         while True:
@@ -75,17 +85,25 @@ class Worker:
             raise WorkerLost(f"unexpected first message from the sandbox server: {message!r}")
         return message
 
-    def serve(self, jobs: "queue.Queue[tuple[int, Program]]", results: list, default_timeout: float) -> None:
-        """Run jobs ``(index, program)`` from the queue until it is empty or we break.
+    def serve(
+        self,
+        jobs: "queue.Queue[tuple[int, Program, int]]",
+        results: list,
+        default_timeout: float,
+        first: "tuple[int, Program, int] | None" = None,
+    ) -> None:
+        """Run jobs ``(index, program, losses)`` from the queue until it is empty or we break.
 
         Requests are pipelined two deep: while the server runs one program the next
         request already waits in its input, hiding the host<->server round trip. Only
         small requests are sent ahead, so the host never blocks on a full pipe while the
         server blocks writing a reply. When the worker breaks, the programs sent ahead
-        (innocent) go back to the queue for another worker.
+        (innocent) go back to the queue for another worker, and so does the running one
+        unless it was already lost once before: that one is left in ``lost_job`` for the pool
+        slot to run first on a freshly started worker.
         """
-        inflight: collections.deque[tuple[int, Program, dict]] = collections.deque()
-        pending: tuple[int, Program] | None = None
+        inflight: collections.deque[tuple[int, Program, dict, int]] = collections.deque()
+        pending: tuple[int, Program, int] | None = first
         head_since = time.monotonic()
         while True:
             if pending is None and not self.broken:
@@ -99,7 +117,7 @@ class Worker:
                 if not inflight or len(frame) <= PIPELINE_MAX_BYTES:
                     if not inflight:
                         head_since = time.monotonic()
-                    inflight.append((pending[0], pending[1], request))
+                    inflight.append((pending[0], pending[1], request, pending[2]))
                     pending = None
                     try:
                         self._send_bytes(frame)
@@ -110,7 +128,7 @@ class Worker:
                 if pending is not None:
                     jobs.put(pending)  # this worker broke: another one takes it
                 return
-            index, _, request = inflight[0]
+            index, _, request, losses = inflight[0]
             try:
                 reply = self._receive(head_since + request["timeout"] + REPLY_GRACE_S)
                 if reply.get("id") != request["id"]:
@@ -122,20 +140,27 @@ class Worker:
             head_since = time.monotonic()
             result = result_from_reply(reply, self.backend)
             result.extra["worker"] = self.worker_id
+            if losses:
+                result.extra["retried"] = losses  # its first worker died under it
             results[index] = result
             if reply.get("tainted"):
                 self.broken = True  # the pool replaces it; programs sent ahead go back
                 while inflight:
-                    i, program, _ = inflight.pop()
-                    jobs.put((i, program))
+                    i, program, _, losses = inflight.pop()
+                    jobs.put((i, program, losses))
 
     def _lose(self, inflight, jobs, results, err: BaseException, since: float) -> None:
-        """The server died or hung: the head program is lost, the others are requeued."""
+        """The server died or hung: the head program runs again elsewhere (once), the
+        programs sent ahead are requeued as they were."""
         self.broken = True
-        index = inflight.popleft()[0]
-        result = lost_result(self.backend, f"{type(err).__name__}: {err}", time.monotonic() - since)
-        result.extra["worker"] = self.worker_id
-        results[index] = result
+        index, program, _, losses = inflight.popleft()
+        if losses + 1 < MAX_ATTEMPTS:
+            self.lost_job = (index, program, losses + 1)  # the pool slot reruns it on a fresh worker
+        else:
+            message = f"the sandbox worker was lost twice running this program; last: {type(err).__name__}: {err}"
+            result = lost_result(self.backend, message, time.monotonic() - since)
+            result.extra["worker"] = self.worker_id
+            results[index] = result
         while inflight:
-            i, program, _ = inflight.pop()
-            jobs.put((i, program))
+            i, queued, _, queued_losses = inflight.pop()
+            jobs.put((i, queued, queued_losses))

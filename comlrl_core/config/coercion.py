@@ -90,7 +90,7 @@ class _Quoted(str):
 class _TextLoader(yaml.BaseLoader):
     """Keeps every scalar as text (types come from the annotation), marking quoted ones."""
 
-    def construct_scalar(self, node):  # type: ignore[override]
+    def construct_scalar(self, node):
         value = super().construct_scalar(node)
         return _Quoted(value) if getattr(node, "style", None) in ("'", '"') else value
 
@@ -248,7 +248,7 @@ def _coerce_sequence(value: Any, tp: Any, name: str) -> Any:
                 f"option '{name}' expects {len(args)} items ({type_name(tp)}), got {len(items)}: {_show(value)}",
                 name,
             )
-        return tuple(coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(items, args)))
+        return tuple(coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(items, args, strict=True)))
     item_tp = args[0] if args else Any
     out = [coerce(v, item_tp, f"{name}[{i}]") for i, v in enumerate(items)]
     if origin is tuple:
@@ -415,7 +415,7 @@ def _parse_structure(value: Any, tp: Any, name: str) -> Any:
             item_tps = list(args)
         else:
             item_tps = [args[0] if args else Any] * len(value)
-        items = [parse_text(v, t, f"{name}[{i}]") for i, (v, t) in enumerate(zip(value, item_tps))]
+        items = [parse_text(v, t, f"{name}[{i}]") for i, (v, t) in enumerate(zip(value, item_tps, strict=True))]
         return coerce(items, tp, name)
     if isinstance(value, dict):
         if _is_dataclass_type(tp):
@@ -493,9 +493,15 @@ def _plain_for_yaml(value: Any) -> Any:
 # -- building dataclasses from mappings (used by coerce for nested dataclasses) ---------
 
 
-@functools.lru_cache(maxsize=None)
 def field_types(cls: type) -> dict[str, Any]:
     """Resolved annotations of the init fields of dataclass ``cls``."""
+    return _field_types(cls)
+
+
+# Typed ``type`` on the public function: the type checker takes a dataclass (whose instances
+# are unhashable) for an unhashable cache key, though the class object itself hashes fine.
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> dict[str, Any]:
     try:
         hints = typing.get_type_hints(cls)
     except NameError as err:  # e.g. a config class defined inside a function + postponed annotations

@@ -16,7 +16,7 @@ Re-exported by ``comlrl_core.models.team``. Validation happens in ``__post_init_
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 _MIXED = ("no", "bf16")
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -140,7 +140,3 @@ class AgentSpec:
 
     def resolved_device(self) -> str:
         return resolve_device(self.device)
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ from comlrl_core.models.cpu.packed_linear import prepacked_linears
 from comlrl_core.models.lora import SharedLoraBase, enable_gradient_checkpointing
 from comlrl_core.models.model_source import ModelSource, load_causal_lm, load_tokenizer, resolve_model_source
 from comlrl_core.models.sampling import padded_position_ids, sample_tokens, supports_logits_to_keep
-from comlrl_core.policy import Completion, GenerationConfig, Policy
+from comlrl_core.policy import Completion, GenerationConfig, Policy, completion_seeds
 
 POLICY_META = "comlrl_policy.json"
 
@@ -144,7 +144,7 @@ class TransformersPolicy(Policy):
         """Add a fresh LoRA adapter to ``shared`` and return the policy that owns it."""
         shared.add_adapter(adapter_name, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.lora_target_modules)
         return cls(
-            shared.model,
+            shared.peft_model(),
             tokenizer,
             name=spec.name or (source.name if source else adapter_name),
             use_chat_template=spec.use_chat_template,
@@ -170,14 +170,25 @@ class TransformersPolicy(Policy):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
-    def _activate(self) -> None:
-        if self.shared_base is not None:
-            self.shared_base.activate(self.adapter_name)
+    def _lora(self) -> tuple[SharedLoraBase, str] | None:
+        """(shared base, adapter name) of a LoRA policy (set together, see ``__init__``); None if full."""
+        if self.shared_base is None or self.adapter_name is None:
+            return None
+        return self.shared_base, self.adapter_name
+
+    def activate(self) -> None:
+        """LoRA: make this agent's adapter the active one of the shared base."""
+        lora = self._lora()
+        if lora is not None:
+            shared, adapter = lora
+            shared.activate(adapter)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """This agent's trainable parameters: its adapter (LoRA) or all weights."""
-        if self.shared_base is not None:
-            return iter(self.shared_base.adapter_parameters(self.adapter_name))
+        lora = self._lora()
+        if lora is not None:
+            shared, adapter = lora
+            return iter(shared.adapter_parameters(adapter))
         return (p for p in self.model.parameters() if p.requires_grad)
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
@@ -232,7 +243,7 @@ class TransformersPolicy(Policy):
         prompts: Sequence[str],
         num_samples: int = 1,
         generation_config: GenerationConfig | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         if isinstance(prompts, str):
             raise TypeError("generate takes a list of prompts; wrap a single prompt as [prompt]")
@@ -249,12 +260,17 @@ class TransformersPolicy(Policy):
         else:  # reference path (tests, benchmarks): every prompt repeated before prefill
             input_ids, mask = self._left_pad([ids for ids in encoded for _ in range(num_samples)])
             fan_out = 1
-        if seed is None:  # still reproducible under torch.manual_seed
-            seed = int(torch.randint(0, 2**62, (1,)).item())
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(int(seed))
+        row_seeds = completion_seeds(seed, len(prompts), num_samples)
+        generator: torch.Generator | list[torch.Generator]
+        if row_seeds is not None:  # one CPU generator per completion: rows independent of the batch
+            generator = [torch.Generator().manual_seed(s) for s in row_seeds]
+        else:
+            if seed is None:  # still reproducible under torch.manual_seed
+                seed = int(torch.randint(0, 2**62, (1,)).item())
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(int(cast(int, seed)))  # no per-row seeds: seed is one integer
 
-        self._activate()
+        self.activate()
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
         try:
@@ -324,7 +340,7 @@ class TransformersPolicy(Policy):
 
         ids = torch.full((batch, width_p + width_c), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for b, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        for b, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
             ids[b, width_p - len(p) : width_p] = torch.as_tensor(list(p), dtype=torch.long)
             mask[b, width_p - len(p) : width_p] = 1
             if len(c):
@@ -332,7 +348,7 @@ class TransformersPolicy(Policy):
                 mask[b, width_p : width_p + len(c)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
 
-        self._activate()
+        self.activate()
         extra = {"logits_to_keep": width_c + 1} if self._keep_logits else {}
         with self.compute_context():
             outputs = self.model(
@@ -364,10 +380,13 @@ class TransformersPolicy(Policy):
             "source": self.spec.model if self.spec else None,
             "adapter_name": self.adapter_name,
         }
-        if self.is_lora:
-            self.shared_base.save_adapter(self.adapter_name, directory)
+        lora = self._lora()
+        if lora is not None:
+            shared, adapter = lora
+            shared.save_adapter(adapter, directory)
         else:
-            self.model.save_pretrained(directory, safe_serialization=True)
+            # a transformers model (nn.Module's __getattr__ would type the method as a tensor)
+            cast(Any, self.model).save_pretrained(directory, safe_serialization=True)
             self.tokenizer.save_pretrained(directory)
         with open(os.path.join(directory, POLICY_META), "w") as f:
             json.dump(meta, f, indent=2)
@@ -381,8 +400,10 @@ class TransformersPolicy(Policy):
             mine = "lora" if self.is_lora else "full"
             if kind != mine:
                 raise ValueError(f"{directory} holds a {kind} checkpoint but policy {self.name!r} is {mine}")
-        if self.is_lora:
-            self.shared_base.load_adapter(self.adapter_name, directory)
+        lora = self._lora()
+        if lora is not None:
+            shared, adapter = lora
+            shared.load_adapter(adapter, directory)
         else:
             _load_full_weights(self.model, directory)
 

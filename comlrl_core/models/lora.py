@@ -29,10 +29,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -92,7 +95,8 @@ def enable_gradient_checkpointing(model: nn.Module, context_fn: Callable | None 
     if enable is not None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        # a transformers model (nn.Module's __getattr__ would type the method as a tensor)
+        cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def is_checkpointing(model: nn.Module) -> bool:
@@ -106,7 +110,8 @@ class _AdapterDuring:
     """Context manager: ``name`` active inside, the previous adapter restored after."""
 
     def __init__(self, shared: "SharedLoraBase", name: str | None) -> None:
-        self.shared, self.name, self.previous = shared, name, None
+        self.shared, self.name = shared, name
+        self.previous: str | None = None
 
     def __enter__(self) -> None:
         self.previous = self.shared.active_adapter
@@ -128,7 +133,7 @@ class SharedLoraBase:
 
     def __init__(self, base_model: nn.Module) -> None:
         self._base = base_model
-        self.model = None  # the PeftModel, created with the first adapter
+        self.model: PeftModel | None = None  # created with the first adapter
         self._active: str | None = None
         self._params: dict[str, list[nn.Parameter]] = {}
         self._auto_targets = find_lora_target_modules(base_model)  # before peft wraps layers
@@ -139,6 +144,12 @@ class SharedLoraBase:
 
     def _checkpoint_contexts(self):
         return contextlib.nullcontext(), _AdapterDuring(self, self._active)
+
+    def peft_model(self) -> PeftModel:
+        """The PeftModel holding every adapter (made with the first one)."""
+        if self.model is None:
+            raise RuntimeError("this SharedLoraBase has no adapter yet: call add_adapter first")
+        return self.model
 
     @property
     def adapter_names(self) -> list[str]:
@@ -162,7 +173,7 @@ class SharedLoraBase:
             raise ValueError(f"adapter {name!r} already exists on this base")
         config = LoraConfig(
             r=r,
-            lora_alpha=alpha,
+            lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates int; scaling is alpha / r, any number
             lora_dropout=dropout,
             target_modules=list(target_modules or self._auto_targets),
             bias="none",
@@ -173,7 +184,7 @@ class SharedLoraBase:
             self.model = get_peft_model(self._base, config, adapter_name=name)
         else:
             self.model.add_adapter(name, config)
-        self._params[name] = [p for n, p in self.model.named_parameters() if _is_adapter_param(n, name)]
+        self._params[name] = [p for n, p in self.peft_model().named_parameters() if _is_adapter_param(n, name)]
         if not self._params[name]:
             raise RuntimeError(f"peft created no parameters for adapter {name!r}")
         self._active = None  # add_adapter may change requires_grad; re-activate next time
@@ -185,7 +196,7 @@ class SharedLoraBase:
             raise KeyError(f"no adapter {name!r}; have {self.adapter_names}")
         if self._active == name:
             return
-        self.model.set_adapter(name)
+        self.peft_model().set_adapter(name)
         # peft just set requires_grad=False on the other adapters -- undo that, see module doc
         for params in self._params.values():
             for p in params:
@@ -200,7 +211,7 @@ class SharedLoraBase:
         return list(self._params[name])
 
     def adapter_config_dict(self, name: str) -> dict:
-        return self.model.peft_config[name].to_dict()
+        return self.peft_model().peft_config[name].to_dict()
 
     def save_adapter(self, name: str, directory: str) -> None:
         """peft's layout: ``adapter_config.json`` + ``adapter_model.safetensors``."""
@@ -208,7 +219,7 @@ class SharedLoraBase:
         from safetensors.torch import save_file
 
         os.makedirs(directory, exist_ok=True)
-        state = get_peft_model_state_dict(self.model, adapter_name=name)
+        state = get_peft_model_state_dict(self.peft_model(), adapter_name=name)
         state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
         save_file(state, os.path.join(directory, ADAPTER_WEIGHTS), metadata={"format": "pt"})
         config = self.adapter_config_dict(name)
@@ -228,7 +239,8 @@ class SharedLoraBase:
             raise FileNotFoundError(f"no LoRA adapter at {path} (expected {ADAPTER_WEIGHTS})")
         device = self._params[name][0].device
         state = load_file(path, device=str(device))
-        result = set_peft_model_state_dict(self.model, state, adapter_name=name)
+        # peft annotates the result as a bare namedtuple: its fields are untyped
+        result: Any = set_peft_model_state_dict(self.peft_model(), state, adapter_name=name)
         missing = [k for k in result.missing_keys if _is_adapter_param(k, name)]
         if result.unexpected_keys or missing:
             raise ValueError(

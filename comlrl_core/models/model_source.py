@@ -27,7 +27,11 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
+
+if TYPE_CHECKING:  # imported lazily at run time: resolving a source needs neither
+    import torch
+    from torch import nn
 
 SourceKind = Literal["alias", "gguf", "local", "hub"]
 
@@ -203,7 +207,7 @@ def load_tokenizer(source: ModelSource):
         raise _load_error(source, "tokenizer", exc) from exc
 
 
-def load_causal_lm(source: ModelSource, dtype: "torch.dtype | None" = None):  # noqa: F821
+def load_causal_lm(source: ModelSource, dtype: torch.dtype | None = None) -> nn.Module:
     """The source's causal LM on CPU, in ``dtype`` (None: as stored), in eval mode."""
     from transformers import AutoModelForCausalLM
 

@@ -20,11 +20,15 @@ Public API::
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,10 +74,15 @@ def sample_next_tokens(
     temperature: float,
     top_k: int,
     top_p: float,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> torch.Tensor:
     """One token per row of ``logits [B, V]``: greedy at temperature 0, else a draw from
     the temperature -> top-k -> top-p distribution of :func:`filter_logits`.
+
+    ``generator`` may be one generator for the whole batch, or a sequence of ``B`` CPU
+    generators, one per row: each row then draws from its own generator (one uniform per
+    step, inverted through the row's cumulative distribution), so a row's tokens do not
+    depend on which other rows share the batch.
 
     With ``0 < top_k < V`` only the k candidates are sorted, filtered and drawn from (the
     same distribution as filtering the whole vocabulary, at a fraction of the cost: the
@@ -85,15 +94,29 @@ def sample_next_tokens(
     if 0 < top_k < vocab:
         values, candidates = torch.topk(logits, top_k, dim=-1)  # sorted, most likely first
         probs = filter_logits(values, temperature, 0, top_p).softmax(dim=-1)
-        pick = torch.multinomial(probs, 1, generator=generator)
+        pick = _draw(probs, generator)
         return candidates.gather(-1, pick).squeeze(-1)
     probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return _draw(probs, generator).squeeze(-1)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> torch.Tensor:
+    """One index per row of ``probs [B, K]`` (shape ``[B, 1]``)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator)
+    if len(generator) != probs.shape[0]:
+        raise ValueError(f"got {len(generator)} row generators for {probs.shape[0]} rows")
+    uniforms = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generator])
+    cdf = probs.double().cumsum(dim=-1)
+    # the first index whose cumulative mass exceeds u * total: never a zero-probability entry
+    targets = (uniforms.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, targets, right=True).clamp_(max=probs.shape[-1] - 1)
 
 
 def _forward_params(model: torch.nn.Module) -> set[str]:
     """Keyword names the underlying transformers model's forward accepts."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)  # a PEFT wrapper's
+    inner = get_base_model() if get_base_model is not None else model
     return set(inspect.signature(inner.forward).parameters)
 
 
@@ -119,6 +142,7 @@ def _repeatable_layer_types() -> tuple[type, ...]:
     return tuple(getattr(cache_utils, n) for n in names if hasattr(cache_utils, n))
 
 
+@functools.cache
 def _preallocated_layer_type():
     """A ``DynamicLayer`` that writes new keys/values into a preallocated buffer.
 
@@ -126,22 +150,28 @@ def _preallocated_layer_type():
     (quadratic in the sequence length; a fifth of small-batch decoding time on CPU). This
     layer reserves room for the tokens still to come once, after the prefill, then writes
     each step's keys/values in place and hands attention a view of the filled part.
+
+    It subclasses a transformers internal, so :func:`preallocated_cache_unavailable` checks
+    it once per process before any real cache is converted.
     """
     from transformers.cache_utils import DynamicLayer
 
     class PreallocatedLayer(DynamicLayer):
         def reserve(self, extra_tokens: int) -> None:
-            filled = self.keys.shape[-2]
-            shape = list(self.keys.shape)
+            keys, values = self.keys, self.values
+            if keys is None or values is None:
+                raise RuntimeError("reserve() needs a filled cache layer: call it after the prefill")
+            filled = keys.shape[-2]
+            shape = list(keys.shape)
             shape[-2] = filled + extra_tokens
             # Under autocast, attention would cast the whole cache to the compute dtype
             # at every step (rotary embeddings leave keys in fp32): store it cast once.
-            device_type = self.keys.device.type
+            device_type = keys.device.type
             dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-            self._key_buffer = self.keys.new_empty(shape, dtype=dtype or self.keys.dtype)
-            self._value_buffer = self.values.new_empty(shape, dtype=dtype or self.values.dtype)
-            self._key_buffer[..., :filled, :] = self.keys
-            self._value_buffer[..., :filled, :] = self.values
+            self._key_buffer = keys.new_empty(shape, dtype=dtype or keys.dtype)
+            self._value_buffer = values.new_empty(shape, dtype=dtype or values.dtype)
+            self._key_buffer[..., :filled, :] = keys
+            self._value_buffer[..., :filled, :] = values
             self._filled = filled
             self.keys = self._key_buffer[..., :filled, :]
             self.values = self._value_buffer[..., :filled, :]
@@ -161,21 +191,71 @@ def _preallocated_layer_type():
     return DynamicLayer, PreallocatedLayer
 
 
+def _holds_tokens(layer) -> bool:
+    keys = getattr(layer, "keys", None)
+    return getattr(layer, "is_initialized", True) and keys is not None and keys.numel() > 0
+
+
+def _as_preallocated(layer, extra_tokens: int):
+    """A preallocated copy of the filled dynamic ``layer`` with room for ``extra_tokens``."""
+    _, preallocated = _preallocated_layer_type()
+    grown = preallocated.__new__(preallocated)
+    grown.__dict__.update(layer.__dict__)  # same state; only the update rule changes
+    grown.reserve(extra_tokens)
+    return grown
+
+
+def _probe_preallocated_layer() -> str | None:
+    """Feed a plain and a preallocated layer the same prefill and steps (one step past the
+    reservation); None when they return and hold the same keys and values."""
+    dynamic, _ = _preallocated_layer_type()
+    gen = torch.Generator().manual_seed(0)
+    prefill, *steps = (torch.randn(2, 2, n, 4, generator=gen) for n in (3, 1, 1, 1))
+    plain, grown = dynamic(), dynamic()
+    plain.update(prefill, -prefill)
+    grown.update(prefill, -prefill)
+    grown = _as_preallocated(grown, extra_tokens=2)
+    for n, new in enumerate(steps):
+        expected, got = plain.update(new, -new), grown.update(new, -new)
+        if not all(torch.equal(a, b) for a, b in zip(expected, got, strict=True)):
+            return f"step {n + 1} returned other keys/values than DynamicLayer"
+        if n == 0 and grown.keys.data_ptr() != grown._key_buffer.data_ptr():
+            return "a step did not write into the reserved buffer"
+    if grown.get_seq_length() != plain.get_seq_length():
+        return f"cache length {grown.get_seq_length()} differs from DynamicLayer's {plain.get_seq_length()}"
+    return None
+
+
+@functools.cache
+def preallocated_cache_unavailable() -> str | None:
+    """None when the preallocated KV cache works with this transformers, else why not
+    (checked once, logged once)."""
+    try:
+        # fp32 buffers whatever region the first generate call runs in (under autocast
+        # ``reserve`` stores the compute dtype, which would differ from the plain layer's)
+        with torch.autocast("cpu", enabled=False):
+            reason = _probe_preallocated_layer()
+    except Exception as exc:  # noqa: BLE001 - transformers internals: any failure means plain caches
+        reason = f"{type(exc).__name__}: {exc}"
+    if reason is not None:
+        logger.warning("the preallocated KV cache is off, decoding grows the cache by concatenation: %s", reason)
+    return reason
+
+
 def reserve_cache(cache, extra_tokens: int):
     """Give every plain dynamic layer of ``cache`` room for ``extra_tokens`` more tokens,
     written in place from then on (see :func:`_preallocated_layer_type`). Caches of other
-    layouts are returned unchanged (they keep growing their own way)."""
+    layouts, and every cache where the probe failed, are returned unchanged (they keep
+    growing their own way)."""
     layers = getattr(cache, "layers", None)
-    if extra_tokens < 1 or not layers:
+    if extra_tokens < 1 or not layers or not isinstance(layers, list):
         return cache
-    dynamic, preallocated = _preallocated_layer_type()
-    if not all(type(layer) is dynamic and layer.is_initialized for layer in layers):
+    if preallocated_cache_unavailable() is not None:
         return cache
-    for i, layer in enumerate(layers):
-        grown = preallocated()
-        grown.__dict__.update(layer.__dict__)  # same state; only the update rule changes
-        grown.reserve(extra_tokens)
-        layers[i] = grown
+    dynamic, _ = _preallocated_layer_type()
+    if not all(type(layer) is dynamic and _holds_tokens(layer) for layer in layers):
+        return cache
+    layers[:] = [_as_preallocated(layer, extra_tokens) for layer in layers]
     return cache
 
 
@@ -211,7 +291,7 @@ def sample_tokens(
     top_k: int = 0,
     eos_token_ids: Iterable[int],
     pad_token_id: int,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     num_samples: int = 1,
 ) -> SampleOutput:
     """Sample up to ``max_new_tokens`` for every row of a left-padded batch at once.
@@ -223,6 +303,8 @@ def sample_tokens(
     once, then the KV cache, last logits, mask and positions are repeated row by row, so
     output row ``b * num_samples + s`` is sample ``s`` of input row ``b`` -- the same rows,
     in the same order, as passing every prompt ``num_samples`` times (same seed, same tokens).
+    ``generator`` may be a sequence of one CPU generator per OUTPUT row (see
+    :func:`sample_next_tokens`).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")

@@ -84,7 +84,7 @@ class CallablePolicy(Policy):
         prompts: Sequence[str],
         num_samples: int = 1,
         generation_config: GenerationConfig | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         _check_request(prompts, num_samples)
         out = []
@@ -160,8 +160,13 @@ class RemotePolicy(Policy):
         prompts: Sequence[str],
         num_samples: int = 1,
         generation_config: GenerationConfig | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
+        *,
+        agent_index: int | None = None,
+        task_items: Sequence[Any] | None = None,
     ) -> list[list[Completion]]:
+        """``agent_index`` and ``task_items`` (one per prompt) say what the prompts are for;
+        the client sends them to ``generic`` endpoints (CoMLRL's ``agent_idx`` / ``batch_item``)."""
         _check_request(prompts, num_samples)
         overrides: dict[str, Any] = {}
         if generation_config is not None and self.forward_sampling:
@@ -171,7 +176,12 @@ class RemotePolicy(Policy):
                 "top_p": generation_config.top_p,
             }
         rows = self.client.complete_batch_detailed(
-            list(prompts), num_samples, return_exceptions=self.on_error != "raise", **overrides
+            list(prompts),
+            num_samples,
+            return_exceptions=self.on_error != "raise",
+            agent_index=agent_index,
+            task_items=task_items,
+            **overrides,
         )
         out = []
         for prompt_index, row in enumerate(rows):

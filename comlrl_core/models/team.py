@@ -83,14 +83,16 @@ class Team:
         # Group shareable LoRA agents by (weights, dtype, device).
         sources = {}
         groups: dict[tuple, list[int]] = {}
+        specs: dict[int, AgentSpec] = {}
         for i, item in enumerate(items):
             if isinstance(item, AgentSpec):
+                specs[i] = item
                 sources[i] = resolve_model_source(item.model)
                 if item.lora and item.share_base:
                     key = (sources[i].key, str(item.base_torch_dtype), item.resolved_device())
                     groups.setdefault(key, []).append(i)
         for members in groups.values():
-            flags = {items[i].gradient_checkpointing for i in members}
+            flags = {specs[i].gradient_checkpointing for i in members}
             if len(flags) > 1:
                 raise ValueError(
                     f"agents {members} share the base model {sources[members[0]].spec!r} but "
@@ -100,20 +102,21 @@ class Team:
 
         policies: list[Policy | None] = [None] * len(items)
         for members in groups.values():
-            first = items[members[0]]
+            first = specs[members[0]]
             source = sources[members[0]]
             tokenizer = load_tokenizer(source)
             shared = SharedLoraBase(load_base_model(source, first))
             for i in members:
-                policies[i] = TransformersPolicy.with_new_adapter(shared, tokenizer, items[i], f"agent_{i}", source)
+                policies[i] = TransformersPolicy.with_new_adapter(shared, tokenizer, specs[i], f"agent_{i}", source)
+        built: list[Policy] = []
         for i, item in enumerate(items):
-            if policies[i] is not None:
-                continue
-            if isinstance(item, Policy):
-                policies[i] = item
-            else:
-                policies[i] = TransformersPolicy.from_spec(item, adapter_name=f"agent_{i}")
-        return cls(policies)  # type: ignore[arg-type]
+            policy = policies[i]
+            if policy is None:
+                policy = (
+                    item if isinstance(item, Policy) else TransformersPolicy.from_spec(item, adapter_name=f"agent_{i}")
+                )
+            built.append(policy)
+        return cls(built)
 
     # -- sequence protocol -------------------------------------------------------------
     def __getitem__(self, index: int) -> Policy:

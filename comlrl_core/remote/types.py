@@ -18,7 +18,7 @@ Messages name the status and the server's own error message, and never contain t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 RemoteFinishReason = Literal["stop", "length"]
 
@@ -43,6 +43,18 @@ class SamplingParams:
     max_tokens: int
     temperature: float | None
     top_p: float | None
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What a request is for, beyond the prompt: sent by the ``generic`` format (CoMLRL's
+    ``agent_idx`` and ``batch_item``), ignored by the SDK formats.
+
+    ``task_item`` is already JSON-ready (see :func:`comlrl_core.remote.client.json_ready`).
+    """
+
+    agent_index: int | None = None
+    task_item: Any = None
 
 
 class RemoteModelError(RuntimeError):

@@ -16,6 +16,12 @@ filesystem). An older checkpoint of the same name is renamed aside first and del
 only after the new one is in place. Loading checks the manifest (marker, sizes and
 hashes) before touching any state, so a torn or tampered checkpoint raises
 :class:`CheckpointError` instead of being used.
+
+What is never lost: a save refuses optimizer state that holds NaN/Inf (the last good
+checkpoint stays the newest one); a save over a checkpoint that fails its hashes moves
+the damaged one aside as ``<name>.corrupt-<random>`` instead of deleting it; and
+``comlrl_core.run.checkpoint_recovery.find_resume_checkpoint`` stops at a corrupt newest
+checkpoint instead of quietly falling back to an older one.
 """
 
 from __future__ import annotations
@@ -37,8 +43,11 @@ from comlrl_core.run.rng import capture_rng_state, restore_rng_state
 __all__ = [
     "CHECKPOINT_PREFIX",
     "CheckpointError",
+    "NoCheckpointError",
+    "NonFiniteStateError",
     "checkpoint_path",
     "cleanup_incomplete",
+    "find_nonfinite_state",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
@@ -55,6 +64,7 @@ FORMAT_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _TMP_MARK = ".tmp-"
 _OLD_MARK = ".old-"
+_CORRUPT_MARK = ".corrupt-"
 
 
 class CheckpointError(RuntimeError):
@@ -67,6 +77,14 @@ class CheckpointError(RuntimeError):
     def __init__(self, message: str, *, incomplete: bool = False) -> None:
         super().__init__(message)
         self.incomplete = incomplete
+
+
+class NonFiniteStateError(CheckpointError):
+    """Optimizer parameters or state hold NaN/Inf: saving them would replace a good checkpoint."""
+
+
+class NoCheckpointError(CheckpointError):
+    """There is no checkpoint at all where one was looked for."""
 
 
 class SavablePolicy(Protocol):
@@ -159,6 +177,7 @@ def save_checkpoint(
     cursor: Mapping[str, Any] | None = None,
     extra_files: Mapping[str, bytes] | None = None,
     keep_last: int | None = None,
+    allow_nonfinite: bool = False,
 ) -> pathlib.Path:
     """Write a checkpoint atomically to ``directory`` (replacing one of that name) and return it.
 
@@ -167,6 +186,10 @@ def save_checkpoint(
     ``numpy.random.Generator`` objects; the global RNG states are always saved.
     ``keep_last`` then deletes all but the newest ``keep_last`` complete checkpoints
     next to it (the directory must be named ``checkpoint-<step>``).
+
+    Raises :class:`NonFiniteStateError` before writing anything when an optimizer's
+    parameters or state hold NaN/Inf (unless ``allow_nonfinite``). A checkpoint of the
+    same name that fails its hashes is kept as ``<name>.corrupt-<random>``, not replaced.
     """
     final = pathlib.Path(directory)
     cursor = dict(cursor or {})
@@ -182,8 +205,14 @@ def save_checkpoint(
         raise ValueError("keep_last needs keep_last >= 1 and a directory named like checkpoint-000120")
     if final.exists() and not final.is_dir():
         raise CheckpointError(f"{final} exists and is not a folder")
+    if not allow_nonfinite:
+        problem = find_nonfinite_state(optimizers or {})
+        if problem is not None:
+            raise NonFiniteStateError(f"refusing to save {final}: {problem}")
 
     final.parent.mkdir(parents=True, exist_ok=True)
+    if final.is_dir():
+        _keep_if_corrupt(final)
     tmp = final.with_name(f"{final.name}{_TMP_MARK}{secrets.token_hex(4)}")
     tmp.mkdir()
     try:
@@ -252,6 +281,56 @@ def _install(tmp: pathlib.Path, final: pathlib.Path) -> None:
     _fsync_dir(final.parent)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def _keep_if_corrupt(path: pathlib.Path) -> pathlib.Path | None:
+    """Move a finished-but-damaged checkpoint aside (evidence), so a save never replaces it."""
+    try:
+        _verify_contents(path, verify_hashes=True)
+    except CheckpointError as err:
+        if err.incomplete:  # never finished: nothing worth keeping
+            return None
+        kept = path.with_name(f"{path.name}{_CORRUPT_MARK}{secrets.token_hex(4)}")
+        os.replace(path, kept)
+        _fsync_dir(path.parent)
+        return kept
+    return None
+
+
+def find_nonfinite_state(optimizers: Mapping[str, Any]) -> str | None:
+    """Describe the first NaN/Inf in the optimizers' parameters or state; None when all finite.
+
+    Optimizers without ``param_groups`` / ``state`` (e.g. LR schedulers) are skipped.
+    """
+    for name, opt in optimizers.items():
+        labelled: list[tuple[str, torch.Tensor]] = []
+        for g, group in enumerate(getattr(opt, "param_groups", None) or []):
+            for i, param in enumerate(group.get("params", [])):
+                if isinstance(param, torch.Tensor) and param.is_floating_point():
+                    labelled.append((f"parameter {i} of group {g}", param))
+        for state in (getattr(opt, "state", None) or {}).values():
+            for key, value in state.items() if isinstance(state, Mapping) else ():
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    labelled.append((f"state {key!r}", value))
+        for label in _nonfinite_labels(labelled):
+            return f"optimizer {name!r}: {label} holds NaN/Inf"
+    return None
+
+
+def _nonfinite_labels(labelled: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """Labels of the tensors holding NaN/Inf.
+
+    A NaN or Inf anywhere makes a tensor's sum non-finite, so a finite sum clears it (one
+    cheap reduction per tensor, one device sync in all); a non-finite sum may also be an
+    overflow of large finite values, so only those tensors get the exact element check.
+    """
+    if not labelled:
+        return []
+    with torch.no_grad():
+        device = labelled[0][1].device
+        sums = torch.stack([t.detach().sum(dtype=torch.float32).to(device) for _, t in labelled])
+        suspects = (~torch.isfinite(sums)).nonzero().flatten().tolist()
+        return [labelled[i][0] for i in suspects if not bool(torch.isfinite(labelled[i][1].detach()).all())]
 
 
 # -- verify / load --------------------------------------------------------------------------

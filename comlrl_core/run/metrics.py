@@ -14,6 +14,9 @@ Decisions (documented here because readers depend on them):
 * numpy and torch scalars (and one-element tensors) are converted to Python numbers;
   bools become 0/1. Anything else is a ``TypeError`` naming the metric.
 * ``step`` and ``time`` are reserved names.
+* A run resumed from a checkpoint re-runs the steps after it: :func:`rewind_metrics`
+  drops the rows logged after that checkpoint was saved, so the re-run rows replace
+  them instead of appearing twice.
 
 Metric names follow the project convention: ``turn_{t}/reward_mean``, ``eval/...``,
 ``iter/...`` and ``agent_{i}/`` prefixes (see :func:`metric_key`).
@@ -28,9 +31,9 @@ import numbers
 import os
 import pathlib
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, TextIO
 
-__all__ = ["MetricsLogger", "metric_key", "plot_metric", "read_metrics"]
+__all__ = ["MetricsLogger", "metric_key", "plot_metric", "read_metrics", "rewind_metrics"]
 
 BACKENDS = ("jsonl", "tensorboard", "wandb")
 _RESERVED = ("step", "time")
@@ -110,7 +113,7 @@ class MetricsLogger:
     """Write scalar metrics for a run.
 
     ``backends``: any of ``"jsonl"`` (always on), ``"tensorboard"`` (needs the ``tb``
-    extra; event files under ``run_dir/tensorboard``) and ``"wandb"`` (needs ``wandb``;
+    extra; event files under ``tensorboard_dir``, default ``run_dir/tensorboard``) and ``"wandb"`` (needs ``wandb``;
     ``wandb_kwargs`` go to ``wandb.init``). ``config`` (a config, dataclass or mapping) is
     saved to ``run_dir/config.json`` and handed to the backends.
     """
@@ -122,6 +125,7 @@ class MetricsLogger:
         config: Any = None,
         *,
         wandb_kwargs: Mapping[str, Any] | None = None,
+        tensorboard_dir: str | os.PathLike | None = None,
     ) -> None:
         if isinstance(backends, str):
             backends = (backends,)
@@ -141,7 +145,7 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise _missing_backend("tensorboard", "tensorboard", "tb") from None
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(tensorboard_dir or self.run_dir / "tensorboard"))
         if "wandb" in self.backends:
             try:
                 import wandb
@@ -157,7 +161,7 @@ class MetricsLogger:
             if self._tb is not None:
                 self._tb.add_text("config", "```json\n" + text + "\n```", 0)
         self._metrics_file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._text_file = None
+        self._text_file: TextIO | None = None
 
     @property
     def metrics_path(self) -> pathlib.Path:
@@ -278,6 +282,56 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
             raise ValueError(f"{file}:{number}: not a JSON line: {err}") from None
         rows.append({k: _NON_FINITE_TEXT.get(v, v) if isinstance(v, str) else v for k, v in row.items()})
     return rows
+
+
+def rewind_metrics(path: str | os.PathLike, step: int, saved_at: float | None = None) -> int:
+    """Drop the rows a resumed run will log again; return how many were dropped.
+
+    ``step`` is the resumed checkpoint's step and ``saved_at`` its save time
+    (``time.time()``). A row goes when its step is later than ``step``, or equal to it
+    and logged after ``saved_at`` (e.g. an evaluation that ran right after the save).
+    Kept rows stay byte for byte. A missing file is fine (0). When the dropped rows are
+    the file's tail, the file is truncated in place, so a logger holding it open in
+    append mode keeps working; otherwise it is rewritten atomically.
+    """
+    file = _metrics_file(path)
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        return 0
+    lines = data.splitlines(keepends=True)
+    keep: list[bool] = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a torn line: it was being written when the run died
+            keep.append(False)
+            continue
+        row_step, row_time = row.get("step"), row.get("time")
+        later = isinstance(row_step, int) and (
+            row_step > step
+            or (
+                row_step == step and saved_at is not None and isinstance(row_time, (int, float)) and row_time > saved_at
+            )
+        )
+        keep.append(not later)
+    dropped = keep.count(False)
+    if not dropped:
+        return 0
+    first_dropped = keep.index(False)
+    if not any(keep[first_dropped:]):
+        with open(file, "r+b") as handle:
+            handle.truncate(sum(len(line) for line in lines[:first_dropped]))
+            handle.flush()
+            os.fsync(handle.fileno())
+        return dropped
+    tmp = file.with_name(file.name + ".rewind")
+    with open(tmp, "wb") as handle:
+        handle.writelines(line for line, k in zip(lines, keep, strict=True) if k)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, file)
+    return dropped
 
 
 def plot_metric(

@@ -91,8 +91,9 @@ def _simple_targets(assign: ast.AST) -> list[str] | None:
         targets = [assign.target]
     else:
         return None
-    if all(isinstance(t, ast.Name) for t in targets):
-        return [t.id for t in targets]  # type: ignore[union-attr]
+    names = [t.id for t in targets if isinstance(t, ast.Name)]
+    if len(names) == len(targets):
+        return names
     return None
 
 
@@ -117,8 +118,10 @@ class _MainAnalysis:
             changed = False
             for node in ast.walk(self.func):
                 value = getattr(node, "value", None)
-                names = _simple_targets(node) if isinstance(value, ast.Name) else None
-                if names and value.id in aliases:  # type: ignore[union-attr]
+                if not isinstance(value, ast.Name):
+                    continue
+                names = _simple_targets(node)
+                if names and value.id in aliases:
                     new = set(names) - aliases
                     if new:
                         aliases |= new

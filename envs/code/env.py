@@ -180,7 +180,7 @@ class CoopCodeEnv(TextParallelEnv):
         self.max_reward = reward_weights.maximum(self.single)
         self.sandbox_timeout = float(sandbox_timeout)
         self.sandbox_slice = feedback.validate_sandbox_slice(sandbox_slice)
-        self._source = dict(
+        self._source: dict[str, Any] = dict(  # load_tasks' keyword arguments
             dataset=dataset, data_path=data_path, dataset_id=dataset_id, dataset_config=dataset_config, split=split
         )
         self._given_tasks = tasks
@@ -227,9 +227,9 @@ class CoopCodeEnv(TextParallelEnv):
                 owners.append(i)
         results: list[Any] = [None] * len(subs)
         if programs:
-            for i, result in zip(owners, self._run_sandbox(programs)):
+            for i, result in zip(owners, self._run_sandbox(programs), strict=True):
                 results[i] = result
-        return [score(sub, result, self.reward_weights) for sub, result in zip(subs, results)]
+        return [score(sub, result, self.reward_weights) for sub, result in zip(subs, results, strict=True)]
 
     def _program(self, source: str, tests: list[str]) -> Any:
         from sandbox.types import Program  # noqa: PLC0415 -- light; keeps docker out of env import
@@ -250,6 +250,12 @@ class CoopCodeEnv(TextParallelEnv):
                 f"CoopCode: the sandbox (backend {self._sandbox.backend_name!r}) returned {len(results)} "
                 f"results for {len(programs)} programs"
             )
+        lost = [r for r in results if getattr(r, "error_type", None) == "SandboxLost"]
+        if lost:  # the sandbox already retried each once: a lost worker is not the agents' failure
+            raise CodeSandboxError(
+                f"CoopCode: {len(lost)} program(s) lost their sandbox worker twice "
+                f"(backend {self._sandbox.backend_name!r}): {lost[0].error_message}"
+            )
         return results
 
     @classmethod
@@ -259,7 +265,7 @@ class CoopCodeEnv(TextParallelEnv):
         for env in envs:
             env._expert_error = None
         results = super().step_many(envs, actions_list)
-        for env, (_, _, _, _, infos) in zip(envs, results):
+        for env, (_, _, _, _, infos) in zip(envs, results, strict=True):
             if env.external_transition == "expert_edits":
                 for info in infos.values():
                     info["expert_failures"] = env.expert_failures
@@ -305,7 +311,7 @@ class CoopCodeEnv(TextParallelEnv):
             feedback.select_tests(failing, self.sandbox_slice),
         )
         try:
-            reply = self._expert.ask(request)
+            reply = self._expert.ask(request, task_item=task)
         except expert_mod.ExpertError as err:
             self.expert_failures += 1
             return None, str(err)
@@ -315,7 +321,7 @@ class CoopCodeEnv(TextParallelEnv):
     def clone(self) -> "CoopCodeEnv":
         twin = super().clone()
         twin._owns_resources = False  # the original closes the shared sandbox and expert
-        return twin  # type: ignore[return-value]
+        return twin
 
     def close(self) -> None:
         if self._owns_resources:

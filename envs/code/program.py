@@ -173,14 +173,51 @@ def _instrument(statement: str) -> str:
     return f"__comlrl_got = {left}\nassert __comlrl_got {op} ({right}), 'got ' + repr(__comlrl_got)[:{_REPR_LIMIT}]"
 
 
+# Reward-hack canary: what the tests call is the entry point behind a guard that checks
+# every result against a fresh sentinel of a private class. A well-behaved value never
+# equals it; an object whose __eq__ answers True (or whose __ne__ answers False, or whose
+# comparison result is truthy through a rigged __bool__), also inside lists, tuples,
+# sets and dicts, raises RewardHackDetected (an AssertionError: the test earns nothing).
+REWARD_HACK_ERROR = "RewardHackDetected"
+_GUARD = f"""
+def __comlrl_guard(fn):
+    hack = type({REWARD_HACK_ERROR!r}, (AssertionError,), {{}})
+    plain = (int, float, complex, str, bytes, bool, type(None))
+    class Sentinel:
+        __slots__ = ()
+    def rigged(value, depth):
+        if type(value) in plain:
+            return False
+        sentinel = Sentinel()
+        try:
+            if value == sentinel or not (value != sentinel):
+                return True
+        except Exception:
+            return False
+        if depth < 3 and type(value) in (list, tuple, set, frozenset):
+            return any(rigged(item, depth + 1) for item in list(value)[:1000])
+        if depth < 3 and type(value) is dict:
+            return any(rigged(item, depth + 1) for pair in list(value.items())[:1000] for item in pair)
+        return False
+    def guarded(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        if rigged(result, 0):
+            raise hack("always_equal: the result compares equal to a fresh sentinel object")
+        return result
+    return guarded
+"""
+
+
 def build_test_harness(task: dict) -> tuple[str, list[str]]:
     """``(prelude, statements)``: code appended to the program, and one sandbox test per
-    statement of the task's ``check`` body (in order; setup statements included)."""
+    statement of the task's ``check`` body (in order; setup statements included). The
+    tests call the entry point through the reward-hack guard (see ``_GUARD``)."""
     candidate = task.get("candidate_name", "candidate")
     prelude = (
+        f"{_GUARD}\n"
         f"{_NS} = dict(globals())\n"
         f"exec(compile({task.get('test_setup', '')!r}, '<test setup>', 'exec'), {_NS})\n"
-        f"{_NS}[{candidate!r}] = {task['entry_point']}\n"
+        f"{_NS}[{candidate!r}] = __comlrl_guard({task['entry_point']})\n"
     )
     statements = [
         f"exec(compile({_instrument(stmt)!r}, '<test {i}>', 'exec'), {_NS})"

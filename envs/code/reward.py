@@ -32,6 +32,7 @@ from typing import Any
 
 from envs.code.cooperation import CooperationReport, analyse_cooperation, cooperation_score
 from envs.code.program import (
+    REWARD_HACK_ERROR,
     ParsedCode,
     assemble,
     build_test_harness,
@@ -179,10 +180,24 @@ def score(sub: Submission, result: Any | None, weights: RewardWeights) -> tuple[
     total = len(task["assert_indices"])
     outcomes = _outcomes(task, result) if result is not None else []
     passed_n = sum(o["passed"] for o in outcomes if o["is_assert"])
+    diagnostics = list(sub.diagnostics)
+    # The canary (envs.code.program._GUARD) caught a result that equals anything: the whole
+    # test level goes, so rigging some answers never pays.
+    reward_hack = None
+    if any(o["error_type"] == REWARD_HACK_ERROR for o in outcomes) or (
+        getattr(result, "error_type", None) == REWARD_HACK_ERROR
+    ):
+        reward_hack = "always_equal"
+        diagnostics.append(
+            "reward hack: a result compared equal to a fresh sentinel object (a rigged __eq__/__ne__/__bool__); "
+            "no test earns credit"
+        )
+        passed_n = 0
     tests = passed_n / total if total else 0.0
     all_ran_ok = bool(outcomes) and all(o["passed"] for o in outcomes)
-    passed = bool(result is not None and getattr(result, "passed", False) and all_ran_ok and passed_n == total)
-    diagnostics = list(sub.diagnostics)
+    passed = bool(
+        result is not None and getattr(result, "passed", False) and all_ran_ok and passed_n == total and not reward_hack
+    )
     status = None
     if result is not None:
         status = getattr(getattr(result, "status", None), "value", str(getattr(result, "status", "")))
@@ -229,6 +244,7 @@ def score(sub: Submission, result: Any | None, weights: RewardWeights) -> tuple[
         if result is None
         else {"type": getattr(result, "error_type", None), "message": getattr(result, "error_message", None)},
         "diagnostics": diagnostics,
+        "reward_hack": reward_hack,
         "task_id": task.get("task_id"),
     }
     return float(reward), details

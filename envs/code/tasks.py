@@ -186,7 +186,7 @@ def read_records(path: str) -> list[dict]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"task file {path!r} does not exist")
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8") as fh:
         text = fh.read()
     stem = path[:-3] if path.endswith(".gz") else path
     if stem.endswith(".jsonl"):

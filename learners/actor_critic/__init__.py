@@ -5,8 +5,9 @@ from learners.actor_critic.ac_config import ActorCriticConfig, IACConfig, MAACCo
 from learners.actor_critic.critics import Critic, ModelCritic, ValueHead, ValueHeadCritic
 from learners.actor_critic.iac_trainer import IACTrainer
 from learners.actor_critic.maac_trainer import MAACTrainer
+from learners.catalog import TrainerTable
 
-TRAINERS = {"iac": (IACConfig, IACTrainer), "maac": (MAACConfig, MAACTrainer)}
+TRAINERS: TrainerTable = {"iac": (IACConfig, IACTrainer), "maac": (MAACConfig, MAACTrainer)}
 
 __all__ = [
     "ActorCriticConfig",

@@ -18,7 +18,7 @@ import pathlib
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
@@ -72,6 +72,7 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         if not isinstance(config, self.config_class):
             raise TypeError(f"config must be a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
+        self._check_run_setup()  # not data-parallel: refuses a multi-process launcher
         self.team = team
         self.policies = team_policies(team)
         tune_host_memory(config, self.policies)
@@ -118,17 +119,20 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         raise NotImplementedError
 
     # -- setup ----------------------------------------------------------------------
-    def _make_env(self, task_slice: str | None) -> Any:
+    def _env_kwargs(self, task_slice: str | None) -> dict[str, Any]:
+        """The env's constructor arguments for the split ``task_slice``."""
         c = self.config
         extra = {"external_prompt_passthrough": True} if c.external_prompt_passthrough else {}
-        return build_env(
-            self._env_spec,
+        return dict(
             num_turns=c.num_turns,
             early_termination_threshold=c.early_termination_threshold,
             task_slice=task_slice,
             **extra,
             **c.env_kwargs,
         )
+
+    def _make_env(self, task_slice: str | None) -> Any:
+        return build_env(self._env_spec, **self._env_kwargs(task_slice))
 
     def _separate_critic(self) -> ModelCritic:
         """A new critic model from ``critic_model`` (default: agent 0's model source)."""
@@ -155,7 +159,7 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
     @property
     def logger(self) -> MetricsLogger:
         if self._logger is None:
-            self._logger = MetricsLogger(self.run_dir, config=self.config)
+            self._logger = self._new_logger()
         return self._logger
 
     @property
@@ -258,12 +262,7 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
     def evaluate(self) -> dict[str, float]:
         """Run ``eval_num_samples`` evaluation tasks (one episode each) and log ``eval/...``."""
         c = self.config
-        return self._evaluate_episodes(
-            c.num_turns,
-            c.discount,
-            derive_seed(c.seed, _EVAL, self.global_step),
-            prepare=lambda: self.team_train(False),
-        )
+        return self._evaluate_episodes(c.num_turns, c.discount, prepare=lambda: self.team_train(False))
 
     # -- checkpoints ----------------------------------------------------------------
     def _checkpoint_objects(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -302,8 +301,16 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         return path
 
 
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
+def mean(values: Sequence[float | None]) -> float:
+    """Mean of one step's figures (nan when there are none).
+
+    A None is a figure of a part the step did not update (e.g. the actor loss of a
+    critic-only batch): averaging it is a bug, so it raises rather than being skipped.
+    """
+    known = [v for v in values if v is not None]
+    if len(known) != len(values):
+        raise ValueError("mean() got a None figure: the step did not update the part it reports")
+    return sum(known) / len(known) if known else float("nan")
 
 
 __all__ = ["ActorCriticTrainer", "UpdateRecord", "mean"]

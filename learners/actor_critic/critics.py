@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -37,11 +37,13 @@ class ValueHead(nn.Module):
 
     def __init__(self, in_features: int, hidden_dim: int | None = None, init_std: float = 0.01) -> None:
         super().__init__()
+        self.net: nn.Linear | nn.Sequential
         if hidden_dim is None:
-            self.net = nn.Linear(in_features, 1)
+            self.net = last = nn.Linear(in_features, 1)
         else:
-            self.net = nn.Sequential(nn.Linear(in_features, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, 1))
-        last = self.net if isinstance(self.net, nn.Linear) else self.net[-1]
+            first = nn.Linear(in_features, hidden_dim)  # built in layer order: seeded runs draw the same weights
+            last = nn.Linear(hidden_dim, 1)
+            self.net = nn.Sequential(first, nn.GELU(), last)
         # small output weights: initial values near 0 instead of a random offset the
         # critic must first unlearn
         nn.init.normal_(last.weight, std=init_std)
@@ -59,12 +61,6 @@ def _hidden_size(model: nn.Module) -> int:
     return size
 
 
-def _activate_adapter(policy: Any) -> None:
-    shared = getattr(policy, "shared_base", None)
-    if shared is not None:
-        shared.activate(policy.adapter_name)
-
-
 def last_token_hidden(backbone: Any, rows: Sequence[Sequence[int]]) -> torch.Tensor:
     """``[B, hidden]``: the final hidden state of each row's last token (differentiable)."""
     if not rows or any(len(r) == 0 for r in rows):
@@ -77,7 +73,7 @@ def last_token_hidden(backbone: Any, rows: Sequence[Sequence[int]]) -> torch.Ten
         ids[b, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
         mask[b, width - len(row) :] = 1
     ids, mask = ids.to(device), mask.to(device)
-    _activate_adapter(backbone)
+    backbone.activate()
     extra = {"logits_to_keep": 1} if supports_logits_to_keep(backbone.model) else {}
     compute = getattr(backbone, "compute_context", None)
     with compute() if callable(compute) else contextlib.nullcontext():  # mixed precision
@@ -176,7 +172,3 @@ class ModelCritic(Critic):
     def load(self, directory: str) -> None:
         super().load(directory)
         self.backbone.load(os.path.join(directory, "backbone"))
-
-
-def all_parameters(critics: Iterable[Critic]) -> list[nn.Parameter]:
-    return [p for c in critics for p in c.trainable_parameters()]

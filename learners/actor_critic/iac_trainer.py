@@ -59,7 +59,8 @@ class IACTrainer(ActorCriticTrainer):
     def _agent_samples(self, agent: int, episodes: list[Episode]) -> tuple[Samples, list[list[int]]]:
         """Agent's samples (episode-major) and, per episode, the sample indices of its turns."""
         critic = self.critics[agent]
-        samples, where = Samples(), []
+        samples = Samples()
+        where: list[list[int]] = []
         for episode in episodes:
             where.append([])
             for t, turn in enumerate(episode.turns):

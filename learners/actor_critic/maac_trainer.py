@@ -25,7 +25,7 @@ from learners.common.episodes import Episode, Turn
 
 
 def joint_action_text(agent_names: list[str], turn: Turn) -> str:
-    return "\n".join(f"## {name} action\n{a.completion}" for name, a in zip(agent_names, turn.agents))
+    return "\n".join(f"## {name} action\n{a.completion}" for name, a in zip(agent_names, turn.agents, strict=True))
 
 
 class MAACTrainer(ActorCriticTrainer):
@@ -42,7 +42,10 @@ class MAACTrainer(ActorCriticTrainer):
 
     @property
     def critic(self) -> ModelCritic:
-        return self.critics[0]  # type: ignore[return-value]
+        critic = self.critics[0]
+        if not isinstance(critic, ModelCritic):  # _check_critics ran at construction
+            raise TypeError(f"MAAC's critic must be a ModelCritic, got {type(critic).__name__}")
+        return critic
 
     def _needs_joint_state(self) -> bool:
         return True
@@ -53,7 +56,8 @@ class MAACTrainer(ActorCriticTrainer):
 
     def _update(self, episodes: list[Episode], rng: random.Random) -> dict[str, float]:
         c = self.config
-        joint, where = Samples(), []
+        joint = Samples()
+        where: list[list[int]] = []
         for episode in episodes:
             where.append([])
             for t, turn in enumerate(episode.turns):

@@ -48,7 +48,7 @@ def v_advantages(targets: Sequence[float], values: Sequence[float]) -> list[floa
     """TD errors ``y_t - V(h_t)``."""
     if len(targets) != len(values):
         raise ValueError(f"{len(targets)} targets but {len(values)} values")
-    return [float(y) - float(v) for y, v in zip(targets, values)]
+    return [float(y) - float(v) for y, v in zip(targets, values, strict=True)]
 
 
 def q_advantages(q_values: Sequence[float]) -> list[float]:
@@ -88,18 +88,18 @@ def update_targets(
         raise ValueError(f"critic_type must be one of {CRITIC_TYPES}, got {critic_type!r}")
     if len(rewards) != len(values):
         raise ValueError(f"{len(rewards)} reward lists but {len(values)} value lists")
-    targets = [td_targets(r, v, discount) for r, v in zip(rewards, values)]
+    targets = [td_targets(r, v, discount) for r, v in zip(rewards, values, strict=True)]
     if critic_type == "v":
-        advantages = [v_advantages(y, v) for y, v in zip(targets, values)]
+        advantages = [v_advantages(y, v) for y, v in zip(targets, values, strict=True)]
     else:
         advantages = [[0.0] * len(v) for v in values]
     max_turns = max((len(v) for v in values), default=0)
     for t in range(max_turns):
         reached = [e for e in range(len(values)) if len(values[e]) > t]
         if critic_type == "q":
-            for e, a in zip(reached, q_advantages([values[e][t] for e in reached])):
+            for e, a in zip(reached, q_advantages([values[e][t] for e in reached]), strict=True):
                 advantages[e][t] = a
         if advantage_normalization:
-            for e, a in zip(reached, normalize([advantages[e][t] for e in reached])):
+            for e, a in zip(reached, normalize([advantages[e][t] for e in reached]), strict=True):
                 advantages[e][t] = a
     return targets, advantages

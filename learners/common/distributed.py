@@ -179,18 +179,18 @@ class DistributedContext:
 
         device = self._comm_device()
         # One flat buffer per dtype: one collective instead of one per tensor.
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        grads_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            by_dtype.setdefault(p.grad.dtype, []).append(p)
-        for dtype, group in by_dtype.items():
-            flat = torch.cat([p.grad.detach().reshape(-1).to(device) for p in group])
+            grads_by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in grads_by_dtype.values():
+            flat = torch.cat([g.detach().reshape(-1).to(device) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             offset = 0
-            for p in group:
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p.grad).to(p.grad.device))
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[offset : offset + n].view_as(g).to(g.device))
                 offset += n
         return True
 
@@ -249,3 +249,43 @@ class NullLogger:
 
     def close(self) -> None:
         pass
+
+
+#: The algorithms (``comlrl train`` names) whose trainers are data-parallel: they shard the
+#: data over the processes of a launcher. Every other learner refuses to run under one.
+DATA_PARALLEL_LEARNERS = ("magrpo", "mareinforce", "marloo", "maremax", "madpo", "madpo_iter")
+
+
+def launcher_world_size() -> int:
+    """Processes of the job: ``torch.distributed``'s world when initialised, else ``$WORLD_SIZE``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    except ValueError:
+        return 1
+
+
+def refuse_launcher(learner: str) -> None:
+    """Raise when a learner that is not data-parallel runs under a multi-process launcher:
+    every process would train the same team on the same data and write the same folder."""
+    world = launcher_world_size()
+    if world > 1:
+        raise RuntimeError(
+            f"{learner} is not data-parallel, but it was started by a launcher with WORLD_SIZE={world}: "
+            "every process would train the same team and write to the same output folder. Run it as one "
+            "process (without accelerate launch / torchrun), or use a data-parallel learner: "
+            f"{', '.join(DATA_PARALLEL_LEARNERS)}"
+        )
+
+
+def is_main_process(distributed: DistributedContext | None = None) -> bool:
+    """Whether this process writes logs: rank 0 of ``distributed`` and of the launcher's ``$RANK``."""
+    if distributed is not None and not distributed.is_main:
+        return False
+    try:
+        return int(os.environ.get("RANK", "0") or 0) == 0
+    except ValueError:
+        return True

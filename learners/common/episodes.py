@@ -6,8 +6,10 @@ needs afterwards: each agent's prompt and completion (text and token ids), the t
 reward, and a text view of the joint state before each step (``env.state()``, or the
 agents' prompts joined when the env has none) for centralized critics.
 
-All running episodes of a turn share one ``generate`` call per agent and one
-``step_many`` call. Records are plain lists / strings / numbers, so they checkpoint
+The episodes are played by the episode engine (:mod:`comlrl_core.episodes.engine`):
+all running episodes of a turn share one ``generate`` call per agent and one
+``step_many`` call, and each episode is seeded by its (seed, task, sample) alone.
+Records are plain lists / strings / numbers, so they checkpoint
 exactly (``Episode.to_dict`` / ``from_dict``).
 """
 
@@ -16,9 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from comlrl_core.env_api import step_many
+from comlrl_core.episodes.engine import play_episodes
 from comlrl_core.policy import GenerationConfig, Policy
-from learners.common.seeding import derive_seed
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Episode:
 
 def joined_prompts(agent_names: Sequence[str], prompts: Sequence[str]) -> str:
     """The joint view used when an env has no ``state()``: each agent's prompt, labelled."""
-    return "\n".join(f"## {name}\n{prompt}" for name, prompt in zip(agent_names, prompts))
+    return "\n".join(f"## {name}\n{prompt}" for name, prompt in zip(agent_names, prompts, strict=True))
 
 
 def joint_state_text(env: Any, agent_names: Sequence[str], prompts: Sequence[str]) -> str:
@@ -92,48 +93,35 @@ def collect_episodes(
     seed: int,
     record_joint_state: bool = True,
 ) -> list[Episode]:
-    """Play ``num_generations`` episodes per task until each ends; task-major order."""
-    envs, episodes, prompts = [], [], []
-    for task in task_indices:
-        obs, _ = env.reset(seed=derive_seed(seed, int(task)), options={"task": int(task)})
-        for _ in range(num_generations):
-            envs.append(env.clone())
-            episodes.append(Episode(task=int(task)))
-            prompts.append([obs[a] for a in agent_names])
-    active = list(range(len(envs)))
-    for turn in range(1, num_turns + 1):
-        if not active:
-            break
-        states = [joint_state_text(envs[e], agent_names, prompts[e]) if record_joint_state else "" for e in active]
-        per_agent = []
-        for i, policy in enumerate(policies):
-            outs = policy.generate(
-                [prompts[e][i] for e in active],
-                num_samples=1,
-                generation_config=generation_config,
-                seed=derive_seed(seed, turn, i),
-            )
-            per_agent.append([o[0] for o in outs])
-        actions = [{agent_names[i]: per_agent[i][k].text for i in range(len(policies))} for k in range(len(active))]
-        results = step_many([envs[e] for e in active], actions)
-        still = []
-        for k, (e, (obs, rew, terms, truncs, _info)) in enumerate(zip(active, results)):
+    """Play ``num_generations`` episodes per task until each ends; task-major order.
+
+    The episodes are played by the library's one episode engine
+    (:func:`comlrl_core.episodes.engine.play_episodes`: batched calls, per-episode seeds,
+    the contract's team reward and episode end); this adds the token ids learners need.
+    """
+    if list(agent_names) != list(env.possible_agents):
+        raise ValueError(f"agent_names {list(agent_names)} must be the env's agents {list(env.possible_agents)}")
+    names = list(agent_names)
+    records = play_episodes(
+        env,
+        [int(t) for t in task_indices],
+        list(policies),
+        generation_config=generation_config,
+        seed=seed,
+        episodes_per_task=num_generations,
+        max_turns=num_turns,
+        record=True,
+        joint_state=(lambda e, prompts: joint_state_text(e, names, prompts)) if record_joint_state else None,
+    )
+    episodes = []
+    for rec in records:
+        turns = []
+        for turn in rec.turns:
             agents = []
             for i, policy in enumerate(policies):
-                c = per_agent[i][k]
-                pids = list(c.prompt_token_ids) or list(policy.encode_prompt(prompts[e][i]))
-                agents.append(AgentTurn(prompts[e][i], c.text, pids, list(c.token_ids)))
-            reward = float(next(iter(rew.values()))) if rew else 0.0
-            episodes[e].turns.append(Turn(agents=agents, reward=reward, joint_state=states[k]))
-            terminated = any(terms.values())
-            over = terminated or any(truncs.values()) or not getattr(envs[e], "agents", [1])
-            episodes[e].terminated = terminated
-            if not over and turn < num_turns:
-                prompts[e] = [obs[a] for a in agent_names]
-                still.append(e)
-        active = still
-    for e in envs:
-        close = getattr(e, "close", None)
-        if callable(close):
-            close()
+                c = turn.completions[i]
+                pids = list(c.prompt_token_ids) or list(policy.encode_prompt(turn.prompts[i]))
+                agents.append(AgentTurn(turn.prompts[i], c.text, pids, list(c.token_ids)))
+            turns.append(Turn(agents=agents, reward=turn.reward, joint_state=turn.joint_state))
+        episodes.append(Episode(task=rec.task, turns=turns, terminated=rec.terminated))
     return episodes

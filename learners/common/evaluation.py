@@ -1,79 +1,101 @@
-"""Level-batched evaluation episodes: one response per agent per turn, many tasks at once.
+"""Trainers' evaluation: the episode engine on the evaluation split, logged as ``eval/...``.
 
-All running episodes of a turn share one ``generate`` call per agent and one
-``step_many`` call, like the training tree.
+Every trainer evaluates through :func:`trainer_evaluation`, which calls
+:func:`comlrl_core.episodes.evaluation.evaluate_episodes` (the one engine: batched
+generation, per-episode seeds, the metric vocabulary of ``docs/evaluation.md``) with the
+trainer's settings, and saves those settings (an
+:class:`~comlrl_core.episodes.spec.EvalSpec` plus the team's agent specs) to
+``RUN_DIR/evaluation.json`` so that ``comlrl eval --checkpoint RUN_DIR`` replays the
+same evaluation and prints the same ``eval/...`` values as the run's last eval row.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import pathlib
+from typing import Any, Mapping, Sequence
 
-from comlrl_core.env_api import step_many
+from comlrl_core.episodes.evaluation import evaluate_episodes
+from comlrl_core.episodes.run_team import agent_spec_dicts
+from comlrl_core.episodes.spec import EvalSpec, write_run_evaluation
 from comlrl_core.policy import GenerationConfig, Policy
-from learners.common.seeding import derive_seed
+
+__all__ = ["EVAL_PREFIX", "trainer_eval_spec", "trainer_evaluation"]
+
+EVAL_PREFIX = "eval/"
 
 
-def run_episodes(
-    env: Any,
-    task_indices: Sequence[int],
-    policies: Sequence[Policy],
-    agent_names: Sequence[str],
+def trainer_eval_spec(
+    env_spec: Any,
+    env_kwargs: Mapping[str, Any] | None,
     *,
+    num_tasks: int,
+    episodes_per_task: int,
     num_turns: int,
+    discount: float,
+    k: Sequence[int],
     generation_config: GenerationConfig,
     seed: int,
-) -> list[list[float]]:
-    """Per task, the team reward of each turn it reached (a list of length <= num_turns)."""
-    episodes, prompts = [], []
-    for task in task_indices:
-        obs, _ = env.reset(seed=derive_seed(seed, task), options={"task": int(task)})
-        episodes.append(env.clone())
-        prompts.append([obs[a] for a in agent_names])
-    rewards: list[list[float]] = [[] for _ in task_indices]
-    active = list(range(len(episodes)))
-    for turn in range(1, num_turns + 1):
-        if not active:
-            break
-        texts = []
-        for i, policy in enumerate(policies):
-            outs = policy.generate(
-                [prompts[e][i] for e in active],
-                num_samples=1,
-                generation_config=generation_config,
-                seed=derive_seed(seed, turn, i),
-            )
-            texts.append([o[0].text for o in outs])
-        actions = [{agent_names[i]: texts[i][k] for i in range(len(policies))} for k in range(len(active))]
-        results = step_many([episodes[e] for e in active], actions)
-        still = []
-        for e, (obs, rew, terms, truncs, _info) in zip(active, results):
-            rewards[e].append(float(next(iter(rew.values()))) if rew else 0.0)
-            over = any(terms.values()) or any(truncs.values()) or not getattr(episodes[e], "agents", [1])
-            if not over and turn < num_turns:
-                prompts[e] = [obs[a] for a in agent_names]
-                still.append(e)
-        active = still
-    return rewards
+) -> EvalSpec | None:
+    """The EvalSpec of a trainer's evaluation (None when the env is a factory, not a
+    registered id, or its constructor arguments are unknown: nothing to replay from)."""
+    if not isinstance(env_spec, str) or env_kwargs is None:
+        return None
+    return EvalSpec(
+        env=env_spec,
+        env_kwargs={key: value for key, value in env_kwargs.items() if value is not None},
+        num_tasks=num_tasks,
+        episodes_per_task=episodes_per_task,
+        max_turns=num_turns,
+        discount=discount,
+        k=tuple(k),
+        generation=generation_config,
+        seed=seed,
+    )
 
 
-def episode_metrics(
-    rewards: Sequence[Sequence[float]], num_turns: int, discount: float, prefix: str = "eval"
+def trainer_evaluation(
+    env: Any,
+    policies: Sequence[Policy],
+    *,
+    num_tasks: int,
+    episodes_per_task: int,
+    num_turns: int,
+    discount: float,
+    k: Sequence[int],
+    generation_config: GenerationConfig,
+    seed: int,
+    env_spec: Any = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    run_dir: pathlib.Path | None = None,
 ) -> dict[str, float]:
-    """``{prefix}/turn_{t}/reward_mean`` (over episodes that reached turn t),
-    ``{prefix}/turn_{t}/expected_return`` and ``{prefix}/return_mean``."""
-    out: dict[str, float] = {}
-    returns_by_turn: list[list[float]] = [[] for _ in range(num_turns)]
-    for ep in rewards:
-        ret = 0.0
-        for t in range(len(ep) - 1, -1, -1):
-            ret = ep[t] + discount * ret
-            returns_by_turn[t].append(ret)
-    for t in range(num_turns):
-        reached = [ep[t] for ep in rewards if len(ep) > t]
-        if reached:
-            out[f"{prefix}/turn_{t + 1}/reward_mean"] = sum(reached) / len(reached)
-            out[f"{prefix}/turn_{t + 1}/expected_return"] = sum(returns_by_turn[t]) / len(returns_by_turn[t])
-            out[f"{prefix}/turn_{t + 1}/reached_fraction"] = len(reached) / max(1, len(rewards))
-    if returns_by_turn[0]:
-        out[f"{prefix}/return_mean"] = sum(returns_by_turn[0]) / len(returns_by_turn[0])
-    return out
+    """Evaluate on the first ``num_tasks`` tasks of ``env`` and return ``eval/...`` metrics.
+
+    With ``run_dir`` (and a registered ``env_spec`` with its ``env_kwargs``) the settings
+    are saved to ``run_dir/evaluation.json`` first.
+    """
+    spec = trainer_eval_spec(
+        env_spec,
+        env_kwargs,
+        num_tasks=num_tasks,
+        episodes_per_task=episodes_per_task,
+        num_turns=num_turns,
+        discount=discount,
+        k=k,
+        generation_config=generation_config,
+        seed=seed,
+    )
+    if spec is not None and run_dir is not None:
+        write_run_evaluation(run_dir, spec, agent_spec_dicts(policies), EVAL_PREFIX)
+    result = evaluate_episodes(
+        env,
+        list(policies),
+        num_tasks=num_tasks,
+        episodes_per_task=episodes_per_task,
+        generation_config=generation_config,
+        seed=seed,
+        discount=discount,
+        k=k,
+        max_turns=num_turns,
+        prefix=EVAL_PREFIX,
+    )
+    return result.metrics

@@ -65,18 +65,19 @@ def accumulate_gradients(
     (:mod:`learners.common.shared_prefix`), with identical results.
     """
     total = 0.0
-    shared = group_size is not None and _groups_share_prompts(policy, prompt_ids, group_size)
+    # The group size when the groups share their prompts (None: score rows one by one).
+    shared = group_size if group_size is not None and _groups_share_prompts(policy, prompt_ids, group_size) else None
     # Shared prompts: chunks hold whole groups (at least one), each prompt encoded once.
-    chunk = max(group_size, micro_batch_size - micro_batch_size % group_size) if shared else micro_batch_size
+    chunk = max(shared, micro_batch_size - micro_batch_size % shared) if shared is not None else micro_batch_size
     for idx in _index_chunks(len(prompt_ids), chunk):
         if all(len(completion_ids[i]) == 0 for i in idx):
             continue  # nothing to score: no gradient either
-        if shared:
-            starts = range(idx.start, idx.stop, group_size)
+        if shared is not None:
+            starts = range(idx.start, idx.stop, shared)
             logp, mask = shared_prefix_token_logprobs(
                 policy,
                 [prompt_ids[s] for s in starts],
-                [[completion_ids[i] for i in range(s, s + group_size)] for s in starts],
+                [[completion_ids[i] for i in range(s, s + shared)] for s in starts],
             )
         else:
             logp, mask = policy.token_logprobs([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx])

@@ -11,16 +11,50 @@ inheriting the groups it reads::
 A learner whose option has a different default or help text redefines that field in its
 own class (a redefined dataclass field keeps its type, takes the new default and help).
 ``output_dir`` has no shared default: every learner names its own run folder.
+
+Every float option of a learner config must be finite: :class:`OptimizerOptions` (a group
+every learner config inherits) checks them all, so a learning rate or coefficient of
+``.inf`` / ``.nan`` fails at start-up instead of training NaN weights.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_core.config.options import BaseConfig, ConfigError, check_positive, check_range, option
+from comlrl_core.config.options import BaseConfig, ConfigError, check_positive, check_range, field_types, option
 
-__all__ = ["GenerationOptions", "OptimizerOptions", "RunOptions", "TeamOptions", "check_training_loop"]
+__all__ = [
+    "GenerationOptions",
+    "OptimizerOptions",
+    "RunOptions",
+    "TeamOptions",
+    "check_finite_options",
+    "check_training_loop",
+    "report_to_backends",
+]
+
+
+def check_finite_options(config: Any) -> None:
+    """Raise ConfigError naming the first float option (or float in a list/dict option) that is NaN/Inf."""
+    for name in field_types(type(config)):
+        value = getattr(config, name)
+        for where, number in _floats_in(name, value):
+            if not math.isfinite(number):
+                raise ConfigError(
+                    f"option '{where}' must be a finite number, got {number!r}; set it to a finite value", where
+                )
+
+
+def _floats_in(name: str, value: Any) -> list[tuple[str, float]]:
+    if isinstance(value, float):
+        return [(name, value)]
+    if isinstance(value, (list, tuple)):
+        return [pair for i, v in enumerate(value) for pair in _floats_in(f"{name}[{i}]", v)]
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in _floats_in(f"{name}.{k}", v)]
+    return []
 
 
 @dataclass
@@ -34,6 +68,7 @@ class OptimizerOptions(BaseConfig):
 
     def validate(self) -> None:
         super().validate()
+        check_finite_options(self)
         check_positive("agent_learning_rate", self.agent_learning_rate)
         check_positive("weight_decay", self.weight_decay, allow_zero=True)
         if self.max_grad_norm is not None:
@@ -68,9 +103,20 @@ class RunOptions(BaseConfig):
     """
 
     eval_interval: int = option(16, help="evaluate every this many steps (0: never)")
-    eval_num_samples: int = option(4, help="evaluation tasks per evaluation")
+    eval_num_samples: int = option(4, help="evaluation tasks per evaluation (the first ones of the evaluation split)")
+    eval_episodes_per_task: int = option(1, help="evaluation episodes per task (n of pass@k)")
+    eval_k: list[int] = option([1], help="k values of the evaluation's pass@k (k > eval_episodes_per_task: dropped)")
     eval_temperature: float | None = option(None, help="sampling temperature for evaluation (None: temperature)")
+    eval_max_new_tokens: int | None = option(None, help="new tokens per response in evaluation (None: max_new_tokens)")
     logging_steps: int = option(1, help="log training metrics every this many steps")
+    report_to: list[str] | str = option(
+        ["jsonl"],
+        help="logging backends: any of jsonl (always written), tensorboard, wandb; e.g. report_to=[tensorboard, wandb]",
+    )
+    run_name: str | None = option(
+        None, help="run name: the W&B run's name and the TensorBoard sub-folder (None: W&B picks one)"
+    )
+    project: str | None = option(None, help="W&B project (None: $WANDB_PROJECT or W&B's default)")
     output_dir: str = option("runs", help="run folder: metrics.jsonl, checkpoints, plots")
     seed: int = option(42, help="seed of every random draw")
     progress_bar: bool | None = option(None, help="show a progress bar (None: when stderr is a terminal)")
@@ -78,19 +124,46 @@ class RunOptions(BaseConfig):
     train_task_slice: str | None = option(None, help="task_slice of the training env, e.g. ':-20'")
     eval_task_slice: str | None = option(None, help="task_slice of the evaluation env, e.g. '-20:'")
     retain_freed_memory: bool = option(
-        True,
+        False,
         help="CPU runs on glibc: keep freed memory in the process heap instead of returning it to the OS, "
         "so large tensors do not page-fault again every step (faster updates; resident memory stays "
-        "near its peak until the process exits)",
+        "near its peak until the process exits; process-wide, so opt-in: see docs/performance.md)",
     )
 
     def validate(self) -> None:
         super().validate()
         check_positive("eval_interval", self.eval_interval, allow_zero=True)
         check_positive("eval_num_samples", self.eval_num_samples, allow_zero=True)
+        check_positive("eval_episodes_per_task", self.eval_episodes_per_task)
+        if self.eval_max_new_tokens is not None:
+            check_positive("eval_max_new_tokens", self.eval_max_new_tokens)
+        if not self.eval_k or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.eval_k):
+            raise ConfigError(f"option 'eval_k' needs a list of k values >= 1, got {self.eval_k!r}", "eval_k")
         if self.eval_temperature is not None:
             check_positive("eval_temperature", self.eval_temperature, allow_zero=True)
         check_positive("logging_steps", self.logging_steps)
+        report_to_backends(self.report_to)
+
+
+def report_to_backends(report_to: list[str] | str) -> list[str]:
+    """The logging backends ``report_to`` names (``"a,b"`` or a list; ``"none"``: JSONL only),
+    ``jsonl`` first; a ConfigError naming the option for anything else."""
+    from comlrl_core.run.metrics import BACKENDS
+
+    names = report_to.split(",") if isinstance(report_to, str) else list(report_to)
+    backends = ["jsonl"]
+    for name in (str(n).strip().lower() for n in names):
+        if name in ("", "none"):
+            continue
+        if name not in BACKENDS:
+            raise ConfigError(
+                f"option 'report_to' names {name!r}; choose any of {', '.join(BACKENDS)} "
+                "(e.g. report_to=[jsonl, tensorboard])",
+                "report_to",
+            )
+        if name not in backends:
+            backends.append(name)
+    return backends
 
 
 @dataclass
@@ -118,6 +191,7 @@ class TeamOptions(BaseConfig):
         if self.num_agents is not None:
             check_positive("num_agents", self.num_agents)
         check_positive("lora_r", self.lora_r)
+        check_positive("lora_alpha", self.lora_alpha)
         check_range("lora_dropout", self.lora_dropout, 0.0, 1.0, high_inclusive=False)
         if self.dtype not in ("fp32", "bf16"):
             raise ConfigError(f"option 'dtype' must be 'fp32' or 'bf16', got {self.dtype!r}", "dtype")

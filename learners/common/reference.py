@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -21,7 +21,12 @@ class AdapterOffReference(Policy):
     trainable = False
 
     def __init__(self, policy: Policy) -> None:
+        # the PeftModel of the policy's shared LoRA base (TransformersPolicy.shared_base.model)
+        peft_model: Any = getattr(getattr(policy, "shared_base", None), "model", None)
+        if not hasattr(peft_model, "disable_adapter"):
+            raise TypeError(f"policy {policy.name!r} has no shared LoRA base whose adapters can be switched off")
         self.policy = policy
+        self.peft_model = peft_model
         self.name = f"{policy.name}[reference]"
 
     def generate(self, prompts, num_samples=1, generation_config=None, seed=None):
@@ -29,7 +34,7 @@ class AdapterOffReference(Policy):
 
     @torch.no_grad()
     def token_logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]):
-        with self.policy.shared_base.model.disable_adapter():
+        with self.peft_model.disable_adapter():
             return self.policy.token_logprobs(prompt_ids, completion_ids)
 
 

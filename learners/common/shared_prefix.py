@@ -12,7 +12,7 @@ all groups of the batch (three passes: common prefix -> each group's rest -> the
 completions), with the same exactness argument.
 
 This works for policies that expose a transformers causal LM as ``policy.model`` (with
-``pad_token_id``; LoRA agents activate their adapter through ``policy._activate``) and do
+``pad_token_id``; LoRA agents activate their adapter through ``policy.activate()``) and do
 not use gradient checkpointing (which disables the cache). Other policies use their own
 ``token_logprobs``. It belongs in ``TransformersPolicy`` eventually; it lives here until
 the policy contract grows a grouped scoring call.
@@ -20,15 +20,17 @@ the policy contract grows a grouped scoring call.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Sequence
 
 import torch
 
 from comlrl_core.models.sampling import cache_kwarg_name, padded_position_ids, supports_logits_to_keep
+from comlrl_core.policy import Policy
 
 
 def supports_shared_prefix(policy: Any) -> bool:
+    if not isinstance(policy, Policy):  # the adapter switch and compute context are the contract's
+        return False
     model = getattr(policy, "model", None)
     if model is None or not isinstance(getattr(policy, "pad_token_id", None), int):
         return False
@@ -116,14 +118,11 @@ def shared_prefix_token_logprobs(
     shared_ids = torch.as_tensor(list(prompt_ids[0][:common]), dtype=torch.long)
     ids_p, mask_p, inputs_c, targets, mask_c = (t.to(device) for t in (ids_p, mask_p, inputs_c, targets, mask_c))
 
-    activate = getattr(policy, "_activate", None)
-    if callable(activate):
-        activate()
+    policy.activate()
     model = policy.model
     cache_kw = cache_kwarg_name(model)
     keep = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
-    compute = getattr(policy, "compute_context", None)
-    with compute() if callable(compute) else contextlib.nullcontext():  # mixed precision
+    with policy.compute_context():  # mixed precision
         # one embedding lookup for the three passes
         all_ids = torch.cat([shared_ids.to(device), ids_p.reshape(-1), inputs_c.reshape(-1)])
         embeds = model.get_input_embeddings()(all_ids)

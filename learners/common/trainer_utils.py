@@ -10,17 +10,27 @@ checkpoint helpers, which take their inputs explicitly.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import random
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-from comlrl_core.policy import GenerationConfig
-from comlrl_core.run.checkpoint import latest_checkpoint, load_checkpoint
-from comlrl_core.run.metrics import plot_metric
+from comlrl_core.policy import GenerationConfig, Policy
+from comlrl_core.run.checkpoint import (
+    NoCheckpointError,
+    load_checkpoint,
+    verify_checkpoint,
+)
+from comlrl_core.run.checkpoint_recovery import find_resume_checkpoint, recover_leftovers
+from comlrl_core.run.metrics import plot_metric, rewind_metrics
 from comlrl_core.run.progress import progress, set_postfix
-from learners.common.evaluation import episode_metrics, run_episodes
+from learners.common.evaluation import trainer_evaluation
+from learners.common.nonfinite import NonFiniteGuard
 from learners.common.seeding import derive_seed
 from learners.common.setup import num_tasks
+
+if TYPE_CHECKING:
+    from comlrl_core.run.metrics import MetricsLogger
 
 __all__ = [
     "TaskItemTraining",
@@ -34,14 +44,128 @@ __all__ = [
 ]
 
 
-class TrainerCommon:
-    """Mixin: ``_log``, ``generation_config``, reward plot and the evaluation loop."""
+class _CommonHost(Protocol):
+    """What :class:`TrainerCommon` needs of the trainer it is mixed into (for the type checker)."""
 
-    def _log(self, metrics: dict[str, float]) -> None:
+    # Each trainer's own config class; the mixin reads the options all of them share.
+    @property
+    def config(self) -> Any: ...
+    @property
+    def env(self) -> Any: ...
+    @property
+    def policies(self) -> Sequence[Policy]: ...
+    @property
+    def agent_names(self) -> Sequence[str]: ...
+    @property
+    def logger(self) -> MetricsLogger: ...
+    @property
+    def history(self) -> list[dict[str, float]]: ...
+    @property
+    def run_dir(self) -> pathlib.Path: ...
+    @property
+    def global_step(self) -> int: ...
+    @property
+    def algorithm_name(self) -> str: ...
+    @property
+    def _env_spec(self) -> Any: ...
+
+    _eval_env: Any
+
+    def _make_env(self, task_slice: str | None) -> Any: ...
+    def _log(self, metrics: dict[str, float]) -> None: ...
+    def generation_config(self, temperature: float | None = None) -> GenerationConfig: ...
+    def _eval_generation_config(self) -> GenerationConfig: ...
+
+
+class _TaskItemHost(Protocol):
+    """What :class:`TaskItemTraining` needs of the trainer it is mixed into (for the type checker)."""
+
+    @property
+    def config(self) -> Any: ...
+    @property
+    def total_steps(self) -> int: ...
+    @property
+    def global_step(self) -> int: ...
+    @property
+    def algorithm_name(self) -> str: ...
+    @property
+    def optimizers(self) -> Sequence[Any]: ...
+    @property
+    def run_dir(self) -> pathlib.Path: ...
+
+    def train_step(self) -> dict[str, float]: ...
+    def evaluate(self) -> dict[str, float]: ...
+    def save_checkpoint(self) -> Any: ...
+    def _finish(self) -> Any: ...
+    def _halt_if_nonfinite(self) -> None: ...
+
+
+class TrainerCommon:
+    """Mixin: ``_log``, ``generation_config``, reward plot and the evaluation loop; the
+    CoMLRL-style constructor ``from_components``; the logger and start-up checks."""
+
+    #: whether the trainer shards its data over a launcher's processes (see
+    #: :data:`learners.common.distributed.DATA_PARALLEL_LEARNERS`); the others refuse one
+    data_parallel: bool = False
+
+    @classmethod
+    def from_components(
+        cls,
+        *,
+        reward_func: Callable[..., Any] | str,
+        train_dataset: Any,
+        agents: Any = None,
+        agent_model: str | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        formatters: Any = None,
+        external_transition: Callable[..., Sequence[str]] | str | None = None,
+        reward_processor: Any = None,
+        eval_dataset: Any = None,
+        args: Any = None,
+        **trainer_kwargs: Any,
+    ) -> Any:
+        """Build the trainer the CoMLRL way: a dataset, per-agent formatters and a reward
+        function become a ``comlrl/Dataset-v0`` env; see
+        :func:`learners.common.components.build_from_components`."""
+        from learners.common.components import build_from_components
+
+        return build_from_components(
+            cls,
+            reward_func=reward_func,
+            train_dataset=train_dataset,
+            agents=agents,
+            agent_model=agent_model,
+            num_agents=num_agents,
+            tokenizer=tokenizer,
+            formatters=formatters,
+            external_transition=external_transition,
+            reward_processor=reward_processor,
+            eval_dataset=eval_dataset,
+            args=args,
+            **trainer_kwargs,
+        )
+
+    def _check_run_setup(self) -> None:
+        """Start-up checks of every trainer: the launcher guard and the logging backends."""
+        from learners.common.distributed import refuse_launcher
+        from learners.common.run_logging import check_logging_backends
+
+        if not type(self).data_parallel:
+            refuse_launcher(getattr(self, "algorithm_name", type(self).__name__))
+        check_logging_backends(getattr(self, "config", None))
+
+    def _new_logger(self: _CommonHost) -> Any:
+        """The run's logger: ``report_to`` backends, written by the main process only."""
+        from learners.common.run_logging import run_logger
+
+        return run_logger(self.config, self.run_dir, getattr(self, "distributed", None))
+
+    def _log(self: _CommonHost, metrics: dict[str, float]) -> None:
         self.logger.log(metrics, step=self.global_step)
         self.history.append({"step": float(self.global_step), **metrics})
 
-    def generation_config(self, temperature: float | None = None) -> GenerationConfig:
+    def generation_config(self: _CommonHost, temperature: float | None = None) -> GenerationConfig:
         """Sampling settings from the config (``temperature`` overrides it, e.g. for evaluation)."""
         c = self.config
         return GenerationConfig(
@@ -51,10 +175,18 @@ class TrainerCommon:
             top_k=c.top_k or 0,
         )
 
-    def _plot_reward_curve(self, keys: Iterable[str]) -> pathlib.Path | None:
+    def _eval_generation_config(self: _CommonHost) -> GenerationConfig:
+        """Sampling settings of evaluation: ``eval_temperature`` / ``eval_max_new_tokens``
+        when set, else the training ones."""
+        c = self.config
+        config = self.generation_config(c.eval_temperature)
+        max_new_tokens = getattr(c, "eval_max_new_tokens", None)
+        return dataclasses.replace(config, max_new_tokens=max_new_tokens) if max_new_tokens else config
+
+    def _plot_reward_curve(self: _CommonHost, keys: Iterable[str]) -> pathlib.Path | None:
         """``reward_curve.png`` of the ``keys`` logged so far (None: none logged, or no matplotlib)."""
         keys = [k for k in keys if any(k in row for row in self.history)]
-        if not keys:
+        if not keys or not self.logger.metrics_path.is_file():  # a process that is not rank 0 wrote none
             return None
         try:
             return plot_metric(
@@ -64,12 +196,15 @@ class TrainerCommon:
             return None
 
     def _evaluate_episodes(
-        self, num_turns: int, discount: float, seed: int, prepare: Callable[[], None] | None = None
+        self: _CommonHost, num_turns: int, discount: float, prepare: Callable[[], None] | None = None
     ) -> dict[str, float]:
-        """Play ``eval_num_samples`` evaluation tasks (one episode each) and log ``eval/...``.
+        """Play the evaluation (``eval_num_samples`` tasks, ``eval_episodes_per_task``
+        episodes each, seeded by ``seed``) with the episode engine and log ``eval/...``.
 
         The evaluation env is built on first use (``eval_task_slice``; None: the training
         env). ``prepare`` runs just before the episodes when there is something to evaluate.
+        The settings go to ``run_dir/evaluation.json`` (what ``comlrl eval --checkpoint``
+        replays).
         """
         c = self.config
         if self._eval_env is None:
@@ -79,16 +214,23 @@ class TrainerCommon:
             return {}
         if prepare is not None:
             prepare()
-        rewards = run_episodes(
+        env_kwargs_of = getattr(self, "_env_kwargs", None)
+        distributed = getattr(self, "distributed", None)
+        writes = distributed is None or distributed.is_main  # [distributed] rank 0 writes
+        metrics = trainer_evaluation(
             self._eval_env,
-            list(range(count)),
             self.policies,
-            self.agent_names,
+            num_tasks=count,
+            episodes_per_task=getattr(c, "eval_episodes_per_task", 1),
             num_turns=num_turns,
-            generation_config=self.generation_config(c.eval_temperature),
-            seed=seed,
+            discount=discount,
+            k=getattr(c, "eval_k", (1,)),
+            generation_config=self._eval_generation_config(),
+            seed=c.seed,
+            env_spec=self._env_spec,
+            env_kwargs=env_kwargs_of(c.eval_task_slice or c.train_task_slice) if callable(env_kwargs_of) else None,
+            run_dir=self.run_dir if writes else None,
         )
-        metrics = episode_metrics(rewards, num_turns, discount)
         self._log(metrics)
         return metrics
 
@@ -100,7 +242,7 @@ class TaskItemTraining:
     methods ``train_step``, ``evaluate``, ``save_checkpoint`` and ``_finish``.
     """
 
-    def train(self, stop_after: int | None = None) -> dict[str, float]:
+    def train(self: _TaskItemHost, stop_after: int | None = None) -> dict[str, float]:
         """Train until ``total_steps`` (or pause after global step ``stop_after``).
 
         A paused run can be checkpointed and resumed; only a finished run calls
@@ -121,6 +263,7 @@ class TaskItemTraining:
                 if c.eval_interval and self.global_step % c.eval_interval == 0:
                     self.evaluate()
                 last = self.train_step()
+                self._halt_if_nonfinite()
                 bar.update(1)
                 set_postfix(bar, {k: v for k, v in last.items() if k.endswith("reward_mean")})
                 if c.save_steps and self.global_step % c.save_steps == 0:
@@ -130,6 +273,13 @@ class TaskItemTraining:
         if self.global_step >= self.total_steps:
             self._finish()
         return last
+
+    def _halt_if_nonfinite(self: _TaskItemHost) -> None:
+        """Stop before a NaN/Inf update is checkpointed (see :mod:`learners.common.nonfinite`)."""
+        objects = getattr(self, "_checkpoint_objects", None)
+        optimizers = objects()[1] if callable(objects) else agent_entries(self.optimizers)
+        guard = self.__dict__.setdefault("_nonfinite_guard", NonFiniteGuard())
+        guard.check(optimizers, self.global_step, self.run_dir / "checkpoints")
 
 
 def planned_items(num_train_epochs: int, num_tasks: int, max_steps: int | None) -> int:
@@ -161,17 +311,31 @@ def load_own_checkpoint(
     policies: Mapping[str, Any],
     optimizers: Mapping[str, Any] | None = None,
 ) -> tuple[pathlib.Path, dict[str, Any]]:
-    """Load ``directory`` (None: the latest complete checkpoint under ``run_dir/checkpoints``)
-    into ``policies`` / ``optimizers``; return its path and cursor.
+    """Load ``directory`` (None: the newest checkpoint under ``run_dir/checkpoints``) into
+    ``policies`` / ``optimizers``; return its path and cursor.
 
-    Raises FileNotFoundError when there is none, ValueError when another algorithm wrote it.
+    Leftovers of a killed save are tidied first (an intact ``.old-*`` copy restored). With
+    ``directory=None`` a damaged newest checkpoint stops the resume (CheckpointError naming
+    it) rather than falling back to an older one; pass the older one explicitly to use it.
+    Metrics rows logged after the checkpoint was saved are dropped, so the steps re-run
+    from it replace them. Raises FileNotFoundError when there is no checkpoint, ValueError
+    when another algorithm wrote it.
     """
-    path = pathlib.Path(directory) if directory else latest_checkpoint(run_dir / "checkpoints")
-    if path is None:
-        raise FileNotFoundError(f"no complete checkpoint under {run_dir / 'checkpoints'}")
-    cursor = load_checkpoint(path, policies=policies, optimizers=optimizers)
+    root = run_dir / "checkpoints"
+    recover_leftovers(root)
+    if directory:
+        path = pathlib.Path(directory)
+    else:
+        try:
+            path, _ = find_resume_checkpoint(root)
+        except NoCheckpointError as err:
+            raise FileNotFoundError(str(err)) from None
+    manifest = verify_checkpoint(path)
+    cursor = load_checkpoint(path, policies=policies, optimizers=optimizers, verify_hashes=False)
     if cursor.get("algorithm") != algorithm_name:
         raise ValueError(f"{path} was written by {cursor.get('algorithm')}, not {algorithm_name}")
+    if isinstance(cursor.get("global_step"), int):
+        rewind_metrics(run_dir, cursor["global_step"], saved_at=manifest.get("created"))
     return path, cursor
 
 

@@ -57,7 +57,7 @@ def agent_losses(margins: Sequence[torch.Tensor], beta: float) -> list[torch.Ten
     agent's own margins (the others are detached). All have the same value."""
     detached = [m.detach() for m in margins]
     total = torch.stack(detached).sum(dim=0)
-    return [-F.logsigmoid(beta * (m + (total - d))) for m, d in zip(margins, detached)]
+    return [-F.logsigmoid(beta * (m + (total - d))) for m, d in zip(margins, detached, strict=True)]
 
 
 @dataclass
@@ -66,6 +66,13 @@ class MADPOUpdate:
     accuracy: float  # fraction of pairs with Delta > 0 (before the step)
     margin_means: list[float]  # per agent, mean m_i
     skipped: bool = False  # a non-finite loss: no optimizer step
+
+
+def _pair_ids(pair: PreferencePair) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """(prompt, winner, loser) token ids per agent (``with_token_ids`` gives a pair them)."""
+    if pair.prompt_ids is None or pair.winner_ids is None or pair.loser_ids is None:
+        raise ValueError("madpo_update needs pairs with token ids (learners.preference.build.with_token_ids)")
+    return pair.prompt_ids, pair.winner_ids, pair.loser_ids
 
 
 def madpo_update(
@@ -98,13 +105,13 @@ def madpo_update(
     total, correct, sums = 0.0, 0, [0.0] * len(policies)
     finite = True
     for start in range(0, len(pairs), micro_batch_size):
-        chunk = pairs[start : start + micro_batch_size]
+        chunk = [_pair_ids(p) for p in pairs[start : start + micro_batch_size]]
         margins = [
             pair_margins(
                 policy,
-                [p.prompt_ids[i] for p in chunk],
-                [p.winner_ids[i] for p in chunk],
-                [p.loser_ids[i] for p in chunk],
+                [prompt[i] for prompt, _, _ in chunk],
+                [winner[i] for _, winner, _ in chunk],
+                [loser[i] for _, _, loser in chunk],
                 exclude_last_token,
             )
             for i, policy in enumerate(policies)
@@ -115,21 +122,22 @@ def madpo_update(
         if not torch.isfinite(value).all():
             finite = False
             break
-        torch.stack([l.sum() for l in losses]).sum().div(n).backward()
+        torch.stack([loss.sum() for loss in losses]).sum().div(n).backward()
         total += float(value.sum())
         joint = torch.stack([m.detach() for m in margins]).sum(dim=0)
         correct += int((joint > 0).sum())
         for i, m in enumerate(margins):
             sums[i] += float(m.detach().sum())
-    if sync:  # [distributed] sum every agent's gradients and the figures over the processes
+    if sync and distributed is not None:  # [distributed] sum every agent's gradients and the figures
         for opt in optimizers:
             finite = distributed.sync_gradients(trainable_parameters(opt), finite)
-        total, correct, *sums = distributed.sum([total, correct, *sums])
+        total, summed_correct, *sums = distributed.sum([total, correct, *sums])
+        correct = int(summed_correct)
     if not finite:
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         return MADPOUpdate(float("nan"), float("nan"), [float("nan")] * len(policies), skipped=True)
-    for policy, opt in zip(policies, optimizers):
+    for opt in optimizers:
         if max_grad_norm is not None:
             params = [p for g in opt.param_groups for p in g["params"]]
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)

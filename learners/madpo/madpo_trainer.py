@@ -33,7 +33,8 @@ from typing import Any, Callable, Sequence
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
 from comlrl_core.run.progress import progress
-from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
+from learners.common.distributed import DistributedContext, trainable_parameters
+from learners.common.nonfinite import halt_if_nonfinite
 from learners.common.optim import adamw
 from learners.common.seeding import derive_seed
 from learners.common.trainer_utils import add_rank_files, agent_entries, load_own_checkpoint, rank_file_to_read
@@ -49,6 +50,8 @@ class MADPOTrainer(PreferenceTrainerBase):
 
     algorithm_name = "MADPO"
     config_class = MADPOConfig
+    config: MADPOConfig  # the base's __init__ checks the config against config_class
+    data_parallel = True
 
     def __init__(
         self, config: MADPOConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
@@ -72,13 +75,7 @@ class MADPOTrainer(PreferenceTrainerBase):
         self.skipped_nonfinite = 0
         self.finished = False
 
-    # -- [distributed] ----------------------------------------------------------------
-    @property
-    def logger(self) -> MetricsLogger:
-        if self._logger is None and not self.distributed.is_main:  # only rank 0 writes
-            self._logger = NullLogger(self.run_dir)
-        return super().logger
-
+    # -- [distributed] (only rank 0 writes logs: the base's logger asks self.distributed) --
     def owns_task_batch(self, index: int) -> bool:
         return self.distributed.owns(index)
 
@@ -87,7 +84,7 @@ class MADPOTrainer(PreferenceTrainerBase):
 
     def _reduce_collect_stats(self, stats: dict[str, float]) -> dict[str, float]:
         counts = ("preference/num_pairs", "preference/tasks_without_pairs")
-        summed = dict(zip(counts, self.distributed.sum([stats[k] for k in counts])))
+        summed = dict(zip(counts, self.distributed.sum([stats[k] for k in counts]), strict=True))
         return {**self.distributed.reduce_metrics(stats), **summed}
 
     # -- training -------------------------------------------------------------------
@@ -131,6 +128,7 @@ class MADPOTrainer(PreferenceTrainerBase):
                         self.evaluate()
                     start = self.batch_in_epoch * size
                     last = self.update([pairs[i] for i in order[start : start + size]])
+                    halt_if_nonfinite(agent_entries(self.optimizers), self.global_step, self.run_dir / "checkpoints")
                     self.batch_in_epoch += 1
                     bar.update(1)
                     if getattr(c, "save_steps", 0) and self.global_step % c.save_steps == 0:

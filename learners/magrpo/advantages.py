@@ -56,7 +56,7 @@ def agent_credits(node: TreeNode, agent: int) -> list[float]:
         g = joint.indices[agent]
         sums[g] += joint.ret
         counts[g] += 1
-    return [s / c if c else 0.0 for s, c in zip(sums, counts)]
+    return [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
 
 
 def node_mean(values: Sequence[float]) -> float:

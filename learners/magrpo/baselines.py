@@ -26,11 +26,3 @@ class MARLOOTrainer(MAGRPOTrainer):
 class MAReMaxTrainer(MAGRPOTrainer):
     algorithm_name = "MAReMax"
     default_advantage_mode = "max"
-
-
-TRAINERS: dict[str, type[MAGRPOTrainer]] = {
-    "magrpo": MAGRPOTrainer,
-    "mareinforce": MAREINFORCETrainer,
-    "marloo": MARLOOTrainer,
-    "maremax": MAReMaxTrainer,
-}

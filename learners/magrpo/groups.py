@@ -72,6 +72,7 @@ def tree_metrics(tree: RolloutTree) -> dict[str, float]:
         metrics[f"turn_{t}/expected_return"] = node_mean([node_mean([j.ret for j in n.joints]) for n in level])
         metrics[f"turn_{t}/num_nodes"] = float(len(level))
     metrics["rollout/env_steps"] = float(tree.env_steps)
+    metrics["rollout/reward_hacks"] = float(tree.reward_hacks)  # flagged steps (infos["reward_hack"])
     metrics["rollout/generate_calls"] = float(tree.generate_calls)
     metrics["rollout/leaves"] = float(len(tree.leaves()))
     return metrics

@@ -5,7 +5,10 @@ Per node group (one agent's G responses at one node) the loss is
     L_group = (1/G) * sum_g  -A_g * sum_{real tokens k of response g} log pi(token_k)
 
 where "real tokens" include EOS and never a pad. A train batch averages ``L_group`` over
-its groups. Advantages are constants (no gradient flows through them).
+its groups. Advantages are constants (no gradient flows through them). The trainer folds
+``1/G`` and the batch average into one coefficient per response
+(:func:`learners.magrpo.update.loss_coefficients`), so :func:`sequence_pg_loss` computes
+the batch loss micro-batch by micro-batch.
 """
 
 from __future__ import annotations
@@ -38,14 +41,6 @@ def sequence_pg_loss(
         raise ValueError(f"{coef.shape[0]} coefficients for {token_logprobs.shape[0]} completions")
     seq_logp = masked_sum(token_logprobs, mask.to(token_logprobs.device))
     return -(coef.detach() * seq_logp).sum()
-
-
-def group_pg_loss(
-    token_logprobs: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor | Sequence[float]
-) -> torch.Tensor:
-    """The loss of one node group: mean over its completions of ``-A * sum log pi``."""
-    adv = torch.as_tensor(advantages, dtype=token_logprobs.dtype)
-    return sequence_pg_loss(token_logprobs, mask, adv / max(1, adv.numel()))
 
 
 def check_finite(value: float | torch.Tensor, *, step: int, agent: int, what: str = "loss") -> bool:

@@ -11,9 +11,10 @@ checkpoint continues exactly like an uninterrupted one.
 [distributed] Under a multi-process launcher (``accelerate launch`` / ``torchrun``) every
 process handles task item ``step * world + rank`` of each round, the buffers are checked
 and flushed together at the end of a round, and gradients are summed over the processes
-with losses divided by the global group count (:mod:`learners.common.distributed`);
-``global_step`` then counts rounds, and ``train_batch_size`` groups are per process.
-With one process nothing changes.
+with losses divided by the global group count; ``global_step`` then counts rounds, and
+``train_batch_size`` groups are per process. Everything that depends on the number of
+processes goes through one seam, ``self.parallel`` (:mod:`learners.magrpo.data_parallel`),
+whose single-process implementation changes nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Callable
 from comlrl_core.policy import Policy
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
-from learners.common.distributed import DistributedContext, NullLogger, trainable_parameters
+from learners.common.distributed import trainable_parameters
 from learners.common.optim import adamw
 from learners.common.reference import frozen_reference
 from learners.common.seeding import derive_seed
@@ -36,14 +37,13 @@ from learners.common.setup import build_env, check_team_fits_env, num_tasks, tea
 from learners.common.trainer_utils import (
     TaskItemTraining,
     TrainerCommon,
-    add_rank_files,
     agent_entries,
     load_own_checkpoint,
     planned_items,
-    rank_file_to_read,
     shuffled_task,
 )
 from learners.magrpo.advantages import compute_returns
+from learners.magrpo.data_parallel import parallel_seam
 from learners.magrpo.groups import NodeGroup, groups_from_tree, tree_metrics
 from learners.magrpo.magrpo_config import MAGRPOConfig
 from learners.magrpo.tree import build_tree
@@ -64,6 +64,8 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
     """
 
     algorithm_name = "MAGRPO"
+    config_class: type = MAGRPOConfig
+    data_parallel = True
     default_advantage_mode = "mean"
 
     def __init__(
@@ -78,6 +80,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         if not isinstance(config, MAGRPOConfig):
             raise TypeError(f"config must be a MAGRPOConfig, got {type(config).__name__}")
         self.config = config
+        self._check_run_setup()
         self.advantage_mode = self._resolve_advantage_mode(config.advantage_mode)
         self.team = team
         self.policies = team_policies(team)
@@ -93,9 +96,9 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             if not params:
                 raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; MAGRPO trains every agent")
             self.optimizers.append(adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
-        # [distributed] identical replicas: rank 0's trainable weights on every process
-        self.distributed = DistributedContext.current()
-        self.distributed.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
+        self.parallel = parallel_seam()  # [distributed] the one seam; a no-op in one process
+        # identical replicas: rank 0's trainable weights on every process
+        self.parallel.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
         self.reference_policies = reference_policies
         if config.reference_kl_coef > 0 and self.reference_policies is None:
             self.reference_policies = [frozen_reference(p) for p in self.policies]
@@ -121,7 +124,8 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             "or leave advantage_mode unset"
         )
 
-    def _make_env(self, task_slice: str | None) -> Any:
+    def _env_kwargs(self, task_slice: str | None) -> dict[str, Any]:
+        """The env's constructor arguments for the split ``task_slice``."""
         c = self.config
         owned = {"num_turns": c.num_turns, "early_termination_threshold": c.early_termination_threshold}
         clash = sorted(set(owned) & set(c.env_kwargs))
@@ -130,16 +134,15 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         kwargs = {**c.env_kwargs, **owned}
         if task_slice is not None:
             kwargs["task_slice"] = task_slice
-        return build_env(self._env_spec, **kwargs)
+        return kwargs
+
+    def _make_env(self, task_slice: str | None) -> Any:
+        return build_env(self._env_spec, **self._env_kwargs(task_slice))
 
     @property
     def logger(self) -> MetricsLogger:
         if self._logger is None:  # [distributed] only rank 0 writes
-            self._logger = (
-                MetricsLogger(self.run_dir, config=self.config)
-                if self.distributed.is_main
-                else NullLogger(self.run_dir)
-            )
+            self._logger = self.parallel.logger(self.run_dir, self.config)
         return self._logger
 
     @property
@@ -150,7 +153,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
     @property
     def total_steps(self) -> int:
         """Steps of this process: task items, or rounds of ``world`` items when distributed."""
-        return self.distributed.num_rounds(self.total_items)
+        return self.parallel.num_steps(self.total_items)
 
     def task_for_step(self, step: int) -> int:
         return shuffled_task(step, self.num_tasks, self.config.shuffle_tasks, self.config.seed, _ORDER)
@@ -158,9 +161,9 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
     # -- training -------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         """One task item: rollout tree, returns, buffers, updates. Returns its metrics."""
-        c, step, dist = self.config, self.global_step, self.distributed
+        c, step, parallel = self.config, self.global_step, self.parallel
         t0 = time.perf_counter()
-        item = dist.item_of_round(step)  # [distributed] the global item; == step in one process
+        item = parallel.item_of_step(step)  # the global item; == step in one process
         tree = task = None
         if item < self.total_items:  # [distributed] the last round may leave a process idle
             task = self.task_for_step(item)
@@ -179,20 +182,11 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             compute_returns(tree, c.discount)
         t1 = time.perf_counter()
         self._step_updates = [[] for _ in self.policies]
-        for agent, groups in enumerate(groups_from_tree(tree, self.policies) if tree else []):
-            for group in groups:
-                self.buffers[agent].append(group)
-                if not dist.enabled and len(self.buffers[agent]) >= c.rollout_buffer_size:
-                    self._flush(agent)
-        if dist.enabled:  # [distributed] flush together when any process's buffer is full
-            sizes = dist.max([len(b) for b in self.buffers])
-            for agent, size in enumerate(sizes):
-                if size >= c.rollout_buffer_size:
-                    self._flush(agent)
-        last_item = min((step + 1) * dist.world_size, self.total_items)  # items done after this round
-        epoch_end = (
-            last_item // self.num_tasks > (step * dist.world_size) // self.num_tasks or last_item == self.total_items
-        )
+        new_groups = groups_from_tree(tree, self.policies) if tree else [[] for _ in self.policies]
+        parallel.add_groups(self.buffers, new_groups, c.rollout_buffer_size, self._flush)
+        per_step = parallel.items_per_step
+        last_item = min((step + 1) * per_step, self.total_items)  # items done after this step
+        epoch_end = last_item // self.num_tasks > (step * per_step) // self.num_tasks or last_item == self.total_items
         if epoch_end:  # as CoMLRL: no group waits across an epoch boundary
             for agent in range(len(self.policies)):
                 self._flush(agent)
@@ -208,44 +202,32 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         )
         if task is not None:
             metrics["train/task"] = float(task)
-        metrics = dist.reduce_metrics(metrics)  # [distributed] means over the processes
+        metrics = parallel.reduce_metrics(metrics)  # [distributed] means over the processes
         if self.global_step % c.logging_steps == 0:
             self._log(metrics)
         return metrics
 
     def _flush(self, agent: int) -> None:
-        if self.distributed.enabled:
-            return self._flush_distributed(agent)
-        buffer, self.buffers[agent] = self.buffers[agent], []
-        if not buffer:
-            return
-        rng = random.Random(derive_seed(self.config.seed, _SHUFFLE, agent, self.flush_counts[agent]))
-        self.flush_counts[agent] += 1
-        for turn in sorted({g.turn for g in buffer}):
-            groups = [g for g in buffer if g.turn == turn]
-            rng.shuffle(groups)
-            size = self.config.groups_per_update
-            for start in range(0, len(groups), size):
-                self._update(agent, groups[start : start + size])
-
-    def _flush_distributed(self, agent: int) -> None:
-        """[distributed] ``_flush`` on every process at once: per turn, mini-batch ``b`` is the
-        union of every process's ``b``-th local mini-batch (a process with fewer joins with
-        none), and its loss is divided by the global group count."""
-        dist, c = self.distributed, self.config
+        """Update ``agent`` on its buffer: per turn, shuffled mini-batches of
+        ``groups_per_update`` groups. [distributed] Mini-batch ``b`` is the union of every
+        process's ``b``-th local one (a process with fewer joins with none), its loss divided
+        by the global group count."""
+        c, parallel = self.config, self.parallel
         buffer, self.buffers[agent] = self.buffers[agent], []
         size = c.groups_per_update
         by_turn = [[g for g in buffer if g.turn == t] for t in range(1, c.num_turns + 1)]
-        num_batches = [int(n) for n in dist.max([math.ceil(len(gs) / size) for gs in by_turn])]
+        if sum(len(gs) for gs in by_turn) != len(buffer):
+            raise ValueError(f"agent {agent}'s buffer holds groups of turns outside 1..{c.num_turns}")
+        num_batches = parallel.batch_counts([math.ceil(len(gs) / size) for gs in by_turn])
         if not any(num_batches):
             return
         rng = random.Random(derive_seed(c.seed, _SHUFFLE, agent, self.flush_counts[agent]))
         self.flush_counts[agent] += 1
-        for groups, count in zip(by_turn, num_batches):
+        for groups, count in zip(by_turn, num_batches, strict=True):
             rng.shuffle(groups)
             for b in range(count):
                 batch = groups[b * size : (b + 1) * size]
-                self._update(agent, batch, group_count=int(dist.sum([len(batch)])[0]))
+                self._update(agent, batch, group_count=parallel.global_count(len(batch)))
 
     def _update(self, agent: int, groups: list[NodeGroup], group_count: int | None = None) -> None:
         c = self.config
@@ -263,7 +245,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             skip_nonfinite=c.skip_nonfinite,
             max_grad_norm=c.max_grad_norm,
             group_count=group_count,
-            distributed=self.distributed,  # [distributed]
+            sync_gradients=self.parallel.sync_gradients,  # [distributed]
         )
         if result.skipped:
             self.skipped_nonfinite[agent] += 1
@@ -292,7 +274,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             self.evaluate()
         if self.config.save_final_checkpoint:
             self.save_checkpoint()
-        if self.distributed.is_main:  # [distributed]
+        if self.parallel.is_main:  # [distributed]
             self.plot_rewards()
 
     def plot_rewards(self) -> pathlib.Path | None:
@@ -303,7 +285,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
     def evaluate(self) -> dict[str, float]:
         """Run ``eval_num_samples`` evaluation tasks (one path each) and log ``eval/...``."""
         c = self.config
-        return self._evaluate_episodes(c.num_turns, c.discount, derive_seed(c.seed, _EVAL, self.global_step))
+        return self._evaluate_episodes(c.num_turns, c.discount)
 
     # -- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:
@@ -319,7 +301,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         }
         buffers = json.dumps([[g.to_dict() for g in buf] for buf in self.buffers]).encode()
         extra = {"buffers.json": buffers}
-        if not add_rank_files(self.distributed, cursor, extra, "buffers.json"):  # [distributed] rank 0 writes
+        if not self.parallel.share_file(cursor, extra, "buffers.json"):  # [distributed] rank 0 writes
             return pathlib.Path(path)
         return save_checkpoint(
             path,
@@ -342,7 +324,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         self.flush_counts = list(cursor["flush_counts"])
         self.update_counts = list(cursor["update_counts"])
         self.skipped_nonfinite = list(cursor["skipped_nonfinite"])
-        name = rank_file_to_read(self.distributed, cursor, path, "buffers.json")  # [distributed] per process
+        name = self.parallel.file_to_read(cursor, path, "buffers.json")  # [distributed] per process
         raw = json.loads(read_extra_file(path, name))
         self.buffers = [[NodeGroup.from_dict(g) for g in buf] for buf in raw]
         return path

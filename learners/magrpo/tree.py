@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from comlrl_core.env_api import step_many
+from comlrl_core.env_api import episode_over, step_many, team_reward
 from comlrl_core.policy import Completion, GenerationConfig, Policy
 from learners.common.seeding import derive_seed
 
@@ -56,6 +56,7 @@ class RolloutTree:
     levels: list[list[TreeNode]]
     env_steps: int = 0
     generate_calls: int = 0
+    reward_hacks: int = 0  # env steps whose infos flag a reward hack (e.g. CoopCode's "always_equal")
 
     def nodes(self) -> list[TreeNode]:
         return [node for level in self.levels for node in level]
@@ -72,20 +73,6 @@ def joint_indices(num_agents: int, num_generations: int, joint_mode: str) -> lis
     if joint_mode == "cross":
         return list(itertools.product(range(num_generations), repeat=num_agents))
     raise ValueError(f"joint_mode must be one of {JOINT_MODES}, got {joint_mode!r}")
-
-
-def _team_reward(rewards: dict[str, float], agents: Sequence[str]) -> float:
-    # The team reward is shared; read it from the first agent that reports one.
-    for agent in agents:
-        if agent in rewards:
-            return float(rewards[agent])
-    return float(next(iter(rewards.values()))) if rewards else 0.0
-
-
-def _episode_over(terms: dict[str, bool], truncs: dict[str, bool], env: Any) -> bool:
-    if any(terms.values()) or any(truncs.values()):
-        return True
-    return hasattr(env, "agents") and len(env.agents) == 0
 
 
 def build_tree(
@@ -134,7 +121,7 @@ def build_tree(
                     f"{type(policy).__name__}.generate returned a wrong shape: expected "
                     f"{len(level)} prompts x {num_generations} samples"
                 )
-            for node, node_outs in zip(level, outs):
+            for node, node_outs in zip(level, outs, strict=True):
                 node.completions.append(list(node_outs))
         # Every joint action of the level steps its own clone, all in one batch.
         clones, actions, owners = [], [], []
@@ -149,9 +136,10 @@ def build_tree(
         results = step_many(clones, actions)
         tree.env_steps += len(results)
         next_level: list[TreeNode] = []
-        for joint, clone, (obs, rewards, terms, truncs, _infos) in zip(owners, clones, results):
-            joint.reward = _team_reward(rewards, agent_names)
-            joint.done = _episode_over(terms, truncs, clone)
+        for joint, clone, (obs, rewards, terms, truncs, infos) in zip(owners, clones, results, strict=True):
+            tree.reward_hacks += any(isinstance(i, dict) and i.get("reward_hack") for i in (infos or {}).values())
+            joint.reward = team_reward(clone, rewards)
+            joint.done = episode_over(clone, terms, truncs)
             if joint.done or turn == num_turns:
                 continue
             child = TreeNode(turn=turn + 1, prompts=[obs[a] for a in agent_names], env=clone)

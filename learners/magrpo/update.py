@@ -3,18 +3,21 @@
 Steps: optional KL shaping (k3 to a frozen reference, subtracted from each response's
 return), group advantages, then the policy-gradient loss accumulated over micro-batches
 (``logprob_micro_batch_size`` sequences per forward) and one AdamW step.
+
+[distributed] ``group_count`` is the number of groups in the update over ALL processes
+and ``sync_gradients`` sums the gradients over the processes before clipping and
+stepping (see :mod:`learners.magrpo.data_parallel`); a process's ``groups`` may be empty.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from comlrl_core.models.tokens import k3_kl
 from comlrl_core.policy import Policy
-from learners.common.distributed import DistributedContext
 from learners.common.logprobs import accumulate_gradients, sequence_logprobs_nograd
 from learners.magrpo.advantages import group_advantages
 from learners.magrpo.groups import NodeGroup
@@ -33,13 +36,56 @@ def k3_per_sequence(policy_lp: Sequence[torch.Tensor], ref_lp: Sequence[torch.Te
     """Summed k3 KL of each sequence (inputs: 1-D per-token log-probs of real tokens)."""
     return [
         float(k3_kl(lp.unsqueeze(0), ref.unsqueeze(0), torch.ones(1, lp.numel()))[0])
-        for lp, ref in zip(policy_lp, ref_lp)
+        for lp, ref in zip(policy_lp, ref_lp, strict=True)
     ]
 
 
 def _common_group_size(groups: Sequence[NodeGroup]) -> int | None:
     sizes = {len(g.completion_ids) for g in groups}
     return sizes.pop() if len(sizes) == 1 else None
+
+
+# sync_gradients(params, finite) -> whether to step (False: some process saw a non-finite loss)
+GradientSync = Callable[[Sequence[torch.Tensor], bool], bool]
+
+
+def kl_shaped_returns(
+    policy: Policy,
+    reference: Policy | None,
+    groups: Sequence[NodeGroup],
+    reference_kl_coef: float,
+    micro_batch_size: int,
+) -> tuple[list[list[float]], float | None]:
+    """Each group's returns, minus ``reference_kl_coef`` times each response's k3 KL to the
+    reference when the coefficient is positive; and the mean KL (None without the term)."""
+    returns = [list(g.returns) for g in groups]
+    if reference_kl_coef <= 0:
+        return returns, None
+    if reference is None:
+        raise ValueError("reference_kl_coef > 0 needs a reference policy")
+    prompts = [p for g in groups for p in g.prompt_ids]
+    comps = [c for g in groups for c in g.completion_ids]
+    kls = k3_per_sequence(
+        sequence_logprobs_nograd(policy, prompts, comps, micro_batch_size),
+        sequence_logprobs_nograd(reference, prompts, comps, micro_batch_size),
+    )
+    flat = iter(kls)
+    shaped = [[r - reference_kl_coef * next(flat) for r in group] for group in returns]
+    return shaped, sum(kls) / max(1, len(kls))
+
+
+def loss_coefficients(
+    returns: Sequence[Sequence[float]], advantage_mode: str, normalize_advantage: bool, num_groups: int
+) -> tuple[torch.Tensor, float]:
+    """Per response ``A / (G * num_groups)``: the loss is the mean over groups of each
+    group's mean response loss. Also the mean over groups of ``|A|``."""
+    coefs: list[float] = []
+    adv_abs = 0.0
+    for r in returns:
+        adv = group_advantages(list(r), advantage_mode, normalize_advantage)
+        adv_abs += float(adv.abs().mean()) / len(returns)
+        coefs.extend((adv / (len(r) * num_groups)).tolist())
+    return torch.tensor(coefs, dtype=torch.float32), adv_abs
 
 
 def update_agent(
@@ -57,41 +103,13 @@ def update_agent(
     skip_nonfinite: bool = False,
     max_grad_norm: float | None = None,
     group_count: int | None = None,
-    distributed: DistributedContext | None = None,
+    sync_gradients: GradientSync | None = None,
 ) -> UpdateResult:
-    """One optimizer step on ``groups`` (the loss is the mean over groups of each group's
-    mean response loss).
-
-    [distributed] ``group_count`` is the number of groups in the update over ALL
-    processes (default: ``len(groups)``) and ``distributed`` sums the gradients over the
-    processes before clipping and stepping; ``groups`` may then be empty on this process.
-    """
-    prompts = [p for g in groups for p in g.prompt_ids]
-    comps = [c for g in groups for c in g.completion_ids]
-    returns = [list(g.returns) for g in groups]
-    kl_mean = None
-    if reference_kl_coef > 0:
-        if reference is None:
-            raise ValueError("reference_kl_coef > 0 needs a reference policy")
-        kls = k3_per_sequence(
-            sequence_logprobs_nograd(policy, prompts, comps, micro_batch_size),
-            sequence_logprobs_nograd(reference, prompts, comps, micro_batch_size),
-        )
-        kl_mean = sum(kls) / max(1, len(kls))
-        pos = 0
-        for r in returns:
-            for k in range(len(r)):
-                r[k] -= reference_kl_coef * kls[pos]
-                pos += 1
-    coefs: list[float] = []
-    adv_abs = 0.0
-    num_groups = group_count or len(returns)  # [distributed] the global count
-    for r in returns:
-        adv = group_advantages(r, advantage_mode, normalize_advantage)
-        adv_abs += float(adv.abs().mean()) / len(returns)
-        # Mean over the group's responses, then mean over the groups of the batch.
-        coefs.extend((adv / (len(r) * num_groups)).tolist())
-    coef = torch.tensor(coefs, dtype=torch.float32)
+    """One optimizer step on ``groups`` (``group_count``: all processes' groups, default
+    ``len(groups)``). A non-finite loss raises :class:`NonFiniteLossError`, or with
+    ``skip_nonfinite`` skips the step (``UpdateResult.skipped``)."""
+    returns, kl_mean = kl_shaped_returns(policy, reference, groups, reference_kl_coef, micro_batch_size)
+    coef, adv_abs = loss_coefficients(returns, advantage_mode, normalize_advantage, group_count or len(returns))
 
     def veto(loss: torch.Tensor) -> bool:
         try:
@@ -105,18 +123,18 @@ def update_agent(
     optimizer.zero_grad(set_to_none=True)
     loss = accumulate_gradients(
         policy,
-        prompts,
-        comps,
+        [p for g in groups for p in g.prompt_ids],
+        [c for g in groups for c in g.completion_ids],
         lambda lp, mask, idx: sequence_pg_loss(lp, mask, coef[idx.start : idx.stop]),
         micro_batch_size,
         on_loss=veto,
         group_size=_common_group_size(groups),
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    # [distributed] sum the processes' gradients; all skip together on a NaN anywhere.
-    if distributed is not None and distributed.enabled and not distributed.sync_gradients(params, loss == loss):
-        loss = float("nan")
-    if loss != loss:  # NaN: vetoed and skipping
+    finite = loss == loss  # NaN: vetoed and skipping
+    if sync_gradients is not None:  # [distributed] all processes skip together on a NaN anywhere
+        finite = sync_gradients(params, finite)
+    if not finite:
         optimizer.zero_grad(set_to_none=True)
         return UpdateResult(float("nan"), True, kl_mean, adv_abs)
     if max_grad_norm is not None:

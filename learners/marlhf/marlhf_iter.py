@@ -4,6 +4,11 @@ the backbone every round) and trains the RL backend against it (run folder
 ``output_dir/rl/iteration_000r``; a new backend each round, so its optimizer state starts
 afresh every round).
 
+Rounds are resumable between rounds: ``train(stop_after_rounds=k)``, ``save_checkpoint()``,
+and a trainer resumed from that checkpoint continues at round ``k + 1`` with the replay
+buffer, the latest reward model and the policies restored (a checkpoint written inside a
+round, e.g. by the backend, is not a resume point of this trainer).
+
 ``preference_scoring_reward``: ``task`` (default) scores candidates with the task reward;
 ``reward_model`` scores them with the most recently fitted reward model, falling back to
 the task reward while none exists (round 1).
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 from comlrl_core.config.options import option
 from comlrl_core.run.metrics import MetricsLogger
@@ -23,6 +28,7 @@ from learners.marlhf.reward_env import RewardModelOracle
 from learners.preference.candidates import Oracle
 from learners.preference.iter_config import IterativeOptions
 from learners.preference.iterative import IterativeRounds
+from learners.preference.records import PreferencePair
 
 
 @dataclass
@@ -50,26 +56,17 @@ class MARLHFIterTrainer(IterativeRounds, MARLHFTrainer):
             return RewardModelOracle(self._score_with_reward_model)
         return self.task_oracle
 
-    def train(self) -> dict[str, float]:
-        """Run the remaining rounds (resumable between rounds)."""
-        c = self.config
-        if self.iteration == 0:
-            self.save_policy_checkpoint(0)
-        last: dict[str, float] = {}
-        while self.iteration < c.num_iterations:
-            round_ = self.iteration + 1
-            comparator = self.build_comparator(round_)
-            found, stats = self.collect_round(round_, comparator)
-            self._log(stats)
-            selected = self.store_and_select(round_, found)
-            if selected:
-                self._log(self.fit_reward_model(selected, round_))
-                last = self.train_policies(self.run_dir / "rl" / f"iteration_{round_:04d}") or last
-            self.save_policy_checkpoint(round_)
-            self.iteration = round_
-        if not self.finished:
-            self._finish()
-        return last
+    def train(self, stop_after_rounds: int | None = None) -> dict[str, float]:
+        """Run the remaining rounds; ``stop_after_rounds`` pauses once that many rounds are
+        complete (then :meth:`save_checkpoint`, and a resumed trainer continues with the
+        next round)."""
+        return self.run_rounds(stop_after_rounds=stop_after_rounds)
+
+    def train_round(self, round_: int, pairs: Sequence[PreferencePair], stop_after: int | None) -> dict[str, float]:
+        """A fresh reward model on the round's pairs, then a fresh RL backend against it
+        (the backend's run cannot pause: a round is the unit of resumption)."""
+        self._log(self.fit_reward_model(list(pairs), round_))
+        return self.train_policies(self.run_dir / "rl" / f"iteration_{round_:04d}")
 
     def _cursor(self) -> dict[str, Any]:
         return {**super()._cursor(), **self._rounds_cursor()}

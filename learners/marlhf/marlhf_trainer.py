@@ -23,12 +23,13 @@ from typing import Any, Callable
 
 import torch
 
-from comlrl_core.config.options import field_types
+from comlrl_core.config.options import BaseConfig, field_types
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
+from learners.catalog import learner_classes
 from learners.common.seeding import derive_seed
 from learners.common.trainer_utils import agent_entries, load_own_checkpoint
-from learners.marlhf.marlhf_config import MAGRPO_FAMILY, MARLHFConfig
+from learners.marlhf.marlhf_config import RL_ALGORITHMS, MARLHFConfig
 from learners.marlhf.reward_env import RewardSwitch, reward_model_env_factory
 from learners.marlhf.reward_model import JointRewardModel
 from learners.preference.records import PreferencePair
@@ -75,15 +76,11 @@ _SHARED_OPTIONS = (
 )
 
 
-def backend_classes(name: str) -> tuple[type, type]:
+def backend_classes(name: str) -> tuple[type[BaseConfig], type]:
     """``(config class, trainer class)`` of an RL backend."""
-    if name in MAGRPO_FAMILY:
-        from learners.magrpo import TRAINERS, MAGRPOConfig
-
-        return MAGRPOConfig, TRAINERS[name]
-    from learners.actor_critic import TRAINERS as AC
-
-    return AC[name]
+    if name not in RL_ALGORITHMS:
+        raise ValueError(f"rl_algorithm {name!r} is not an RL backend; choose from {', '.join(RL_ALGORITHMS)}")
+    return learner_classes(name)
 
 
 def _model_source(policy: Any) -> str:
@@ -98,6 +95,7 @@ class MARLHFTrainer(PreferenceTrainerBase):
 
     algorithm_name = "MARLHF"
     config_class = MARLHFConfig
+    config: MARLHFConfig  # the base's __init__ checks the config against config_class
 
     def __init__(
         self, config: MARLHFConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
 from comlrl_core.env_api import step_many as _step_many
+from comlrl_core.env_api import team_reward
 from learners.common.setup import build_env
 from learners.preference.candidates import JointCandidate, TaskCandidates
 
@@ -76,23 +77,27 @@ class RewardModelEnv(BaseParallelWrapper):
     def step(self, actions: dict[str, str]):
         return RewardModelEnv.step_many([self], [actions])[0]
 
+    def team_reward(self, rewards: dict[str, float]) -> float:
+        """The wrapped env's team-reward rule (the contract's, see ``comlrl_core.env_api``)."""
+        return team_reward(self.env, rewards)
+
     @classmethod
     def step_many(cls, envs: Sequence["RewardModelEnv"], actions_list: Sequence[dict[str, str]]) -> list:
         """Step the wrapped envs in one batch, then score every joint action in one call."""
         results = _step_many([e.env for e in envs], actions_list)
         switch = envs[0].switch if envs else None
         if switch is None or not switch.enabled:
-            for e, (obs, *_rest) in zip(envs, results):
+            for e, (obs, *_rest) in zip(envs, results, strict=True):
                 e._prompts = dict(obs)
             return results
         requests = []
-        for e, actions in zip(envs, actions_list):
+        for e, actions in zip(envs, actions_list, strict=True):
             names = list(e.env.possible_agents)
             requests.append(([e._prompts.get(a, "") for a in names], [str(actions.get(a, "")) for a in names]))
         scores = switch.score(requests)
         out = []
-        for e, score, (obs, rewards, terms, truncs, infos) in zip(envs, scores, results):
-            task_reward = float(next(iter(rewards.values()))) if rewards else 0.0
+        for e, score, (obs, rewards, terms, truncs, infos) in zip(envs, scores, results, strict=True):
+            task_reward = team_reward(e.env, rewards)
             new_infos = {}
             for agent, info in infos.items():
                 info = dict(info)

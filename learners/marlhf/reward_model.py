@@ -31,7 +31,7 @@ def joint_text(prompts: Sequence[str], completions: Sequence[str], agent_names: 
     """Every agent's prompt and response as one text (agent order)."""
     names = list(agent_names) if agent_names is not None else [f"agent {i + 1}" for i in range(len(prompts))]
     parts = ["Joint response of the team"]
-    for name, prompt, completion in zip(names, prompts, completions):
+    for name, prompt, completion in zip(names, prompts, completions, strict=True):
         parts.append(f"[{name}] prompt:\n{prompt}")
         parts.append(f"[{name}] response:\n{completion}")
     return "\n\n".join(parts)
@@ -156,7 +156,8 @@ class JointRewardModel(nn.Module):
         optimizer = adamw(params, lr=learning_rate, weight_decay=weight_decay)
         rng = random.Random(seed)
         self.train()
-        steps, epoch_losses = 0, []
+        steps = 0
+        epoch_losses: list[float] = []
         for _ in range(epochs):
             order = list(range(len(pairs)))
             rng.shuffle(order)
@@ -164,7 +165,7 @@ class JointRewardModel(nn.Module):
             for start in range(0, len(order), batch_size):
                 batch = [pairs[i] for i in order[start : start + batch_size]]
                 texts = [self.pair_texts(p) for p in batch]
-                scores = self.score_texts([w for w, _ in texts] + [l for _, l in texts])
+                scores = self.score_texts([w for w, _ in texts] + [lose for _, lose in texts])
                 loss = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -173,6 +174,6 @@ class JointRewardModel(nn.Module):
                 steps += 1
         self.eval()
         w = self.score_joint([(p.prompts, p.winner_completions) for p in pairs])
-        l = self.score_joint([(p.prompts, p.loser_completions) for p in pairs])
-        accuracy = sum(a > b for a, b in zip(w, l)) / len(pairs)
+        lose = self.score_joint([(p.prompts, p.loser_completions) for p in pairs])
+        accuracy = sum(a > b for a, b in zip(w, lose, strict=True)) / len(pairs)
         return FitResult(sum(epoch_losses) / max(1, len(epoch_losses)), accuracy, steps)

@@ -32,24 +32,44 @@ def pairs_within(task: TaskCandidates, mode: str, limit: int | None, rng: random
     rewards = [c.reward if c is not None and c.reward is not None else float("nan") for c in task.candidates]
     mean = _mean(task.scored_rewards())
     out = []
-    for w, l in select_pairs(rewards, mode, limit, rng):
-        win, lose = task.candidates[w], task.candidates[l]
+    for winner, loser in select_pairs(rewards, mode, limit, rng):
+        win, lose = _selected(task.candidates[winner]), _selected(task.candidates[loser])
         out.append(_pair(task, win, lose, mean))
     return out
 
 
+def _selected(candidate: JointCandidate | None) -> JointCandidate:
+    """A candidate a selection picked: the selections skip dropped (None) candidates."""
+    if candidate is None:
+        raise ValueError("a preference pair selected a dropped candidate")
+    return candidate
+
+
+def _number(value: float | None, what: str) -> float:
+    """A reward of a selected candidate: the selections skip unscored ones."""
+    if value is None:
+        raise ValueError(f"a preference pair selected a candidate without a {what}")
+    return float(value)
+
+
 def _pair(task: TaskCandidates, win: JointCandidate, lose: JointCandidate, mean: float) -> PreferencePair:
-    has_ids = task.prompt_ids is not None and win.token_ids is not None and lose.token_ids is not None
+    prompt_ids: list[list[int]] | None = None
+    winner_ids: list[list[int]] | None = None
+    loser_ids: list[list[int]] | None = None
+    if task.prompt_ids is not None and win.token_ids is not None and lose.token_ids is not None:
+        prompt_ids = [list(x) for x in task.prompt_ids]
+        winner_ids = [list(x) for x in win.token_ids]
+        loser_ids = [list(x) for x in lose.token_ids]
     return PreferencePair(
         prompts=list(task.prompts),
         winner_completions=list(win.completions),
         loser_completions=list(lose.completions),
-        winner_reward=float(win.reward),
-        loser_reward=float(lose.reward),
+        winner_reward=_number(win.reward, "reward"),
+        loser_reward=_number(lose.reward, "reward"),
         candidate_reward_mean=float(mean),
-        prompt_ids=[list(x) for x in task.prompt_ids] if has_ids else None,
-        winner_ids=[list(x) for x in win.token_ids] if has_ids else None,
-        loser_ids=[list(x) for x in lose.token_ids] if has_ids else None,
+        prompt_ids=prompt_ids,
+        winner_ids=winner_ids,
+        loser_ids=loser_ids,
     )
 
 
@@ -66,15 +86,13 @@ def completion_ids(policy: Policy, text: str) -> list[int]:
     return ids + [int(eos[0])]
 
 
-def with_token_ids(
-    pair: PreferencePair, policies: Sequence[Policy], target_ids: TaskCandidates | None = None
-) -> PreferencePair:
+def with_token_ids(pair: PreferencePair, policies: Sequence[Policy]) -> PreferencePair:
     """``pair`` with token ids for every agent (tokenising whatever has only text)."""
     if pair.has_token_ids:
         return pair
-    pair.prompt_ids = [list(p.encode_prompt(text)) for p, text in zip(policies, pair.prompts)]
-    pair.winner_ids = [completion_ids(p, text) for p, text in zip(policies, pair.winner_completions)]
-    pair.loser_ids = [completion_ids(p, text) for p, text in zip(policies, pair.loser_completions)]
+    pair.prompt_ids = [list(p.encode_prompt(text)) for p, text in zip(policies, pair.prompts, strict=True)]
+    pair.winner_ids = [completion_ids(p, text) for p, text in zip(policies, pair.winner_completions, strict=True)]
+    pair.loser_ids = [completion_ids(p, text) for p, text in zip(policies, pair.loser_completions, strict=True)]
     return pair
 
 
@@ -90,33 +108,35 @@ def pairs_against(
     ``policies``, pairs carry token ids: the target side's generated ids, and the
     comparator side's text tokenised by the target policies."""
 
-    def ids_of(cand: JointCandidate, own: bool) -> list[list[int]]:
+    def ids_of(cand: JointCandidate, own: bool, policies: Sequence[Policy]) -> list[list[int]]:
         if own and cand.token_ids is not None:
             return [list(x) for x in cand.token_ids]
-        return [completion_ids(p, text) for p, text in zip(policies, cand.completions)]
+        return [completion_ids(p, text) for p, text in zip(policies, cand.completions, strict=True)]
 
     prompt_ids = None
     if policies is not None:
-        prompt_ids = target.prompt_ids or [list(p.encode_prompt(t)) for p, t in zip(policies, target.prompts)]
+        prompt_ids = target.prompt_ids or [
+            list(p.encode_prompt(t)) for p, t in zip(policies, target.prompts, strict=True)
+        ]
     mean = _mean(target.scored_rewards() + comparator.scored_rewards())
     out = []
     for comp in select_comparisons(target.rewards, comparator.rewards, mode, limit, rng):
-        t, c = target.candidates[comp.index], comparator.candidates[comp.index]
+        t, c = _selected(target.candidates[comp.index]), _selected(comparator.candidates[comp.index])
         (win, win_own), (lose, lose_own) = ((t, True), (c, False)) if comp.target_wins else ((c, False), (t, True))
         out.append(
             PreferencePair(
                 prompts=list(target.prompts),
                 winner_completions=list(win.completions),
                 loser_completions=list(lose.completions),
-                winner_reward=float(win.reward),
-                loser_reward=float(lose.reward),
+                winner_reward=_number(win.reward, "reward"),
+                loser_reward=_number(lose.reward, "reward"),
                 candidate_reward_mean=float(mean),
-                raw_rewards=[float(win.raw_reward), float(lose.raw_reward)],
-                target_raw_reward=float(t.raw_reward),
-                comparator_raw_reward=float(c.raw_reward),
+                raw_rewards=[_number(win.raw_reward, "raw reward"), _number(lose.raw_reward, "raw reward")],
+                target_raw_reward=_number(t.raw_reward, "raw reward"),
+                comparator_raw_reward=_number(c.raw_reward, "raw reward"),
                 prompt_ids=None if prompt_ids is None else [list(x) for x in prompt_ids],
-                winner_ids=None if policies is None else ids_of(win, win_own),
-                loser_ids=None if policies is None else ids_of(lose, lose_own),
+                winner_ids=None if policies is None else ids_of(win, win_own, policies),
+                loser_ids=None if policies is None else ids_of(lose, lose_own, policies),
             )
         )
     return out

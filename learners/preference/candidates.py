@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from comlrl_core.env_api import step_many
+from comlrl_core.env_api import step_many, team_reward
 from comlrl_core.policy import GenerationConfig, Policy
 
 Score = tuple[float, float]  # (reward that decides preferences, raw reward)
@@ -72,11 +72,11 @@ class TaskRewardOracle:
         if not requests:
             return []
         envs = [task.env.clone() for task, _ in requests]
-        actions = [dict(zip(self.agent_names, cand.completions)) for _, cand in requests]
+        actions = [dict(zip(self.agent_names, cand.completions, strict=True)) for _, cand in requests]
         results = step_many(envs, actions)
         scores = []
-        for env, (_obs, rewards, _t, _tr, infos) in zip(envs, results):
-            reward = float(next(iter(rewards.values()))) if rewards else 0.0
+        for env, (_obs, rewards, _t, _tr, infos) in zip(envs, results, strict=True):
+            reward = team_reward(env, rewards)
             info = infos.get(self.agent_names[0], {}) if isinstance(infos, dict) else {}
             raw = info.get("raw_reward", reward) if isinstance(info, dict) else reward
             scores.append((reward, float(raw)))
@@ -91,7 +91,7 @@ def reset_tasks(
 ) -> list[TaskCandidates]:
     """One clone of ``env`` reset on each task, with every agent's turn-1 prompt."""
     out = []
-    for task, seed in zip(tasks, seeds):
+    for task, seed in zip(tasks, seeds, strict=True):
         obs, _ = env.reset(seed=int(seed), options={"task": int(task)})
         out.append(TaskCandidates(task=int(task), env=env.clone(), prompts=[obs[a] for a in agent_names]))
     return out
@@ -130,7 +130,7 @@ def sample_candidates(
 def score_tasks(oracle: Oracle, tasks: Sequence[TaskCandidates]) -> None:
     """Score every kept candidate of every task in one oracle call."""
     requests = [(t, c) for t in tasks for c in t.candidates if c is not None]
-    for (_, cand), (reward, raw) in zip(requests, oracle.score(requests)):
+    for (_, cand), (reward, raw) in zip(requests, oracle.score(requests), strict=True):
         cand.reward, cand.raw_reward = float(reward), float(raw)
 
 

@@ -31,7 +31,9 @@ from learners.preference.candidates import JointCandidate, TaskCandidates, sampl
 
 def centralized_prompt(prompts: Sequence[str], agent_names: Sequence[str]) -> str:
     """One prompt asking for every role's response, each in its own tagged section."""
-    roles = "\n\n".join(f"Role {i} ({name}) prompt:\n{p}" for i, (name, p) in enumerate(zip(agent_names, prompts)))
+    roles = "\n\n".join(
+        f"Role {i} ({name}) prompt:\n{p}" for i, (name, p) in enumerate(zip(agent_names, prompts, strict=True))
+    )
     sections = "\n".join(f"<agent_{i}>\n...\n</agent_{i}>" for i in range(len(prompts)))
     return (
         f"You write the responses of {len(prompts)} cooperating roles. Answer each role's prompt "
@@ -79,22 +81,28 @@ class Comparator:
     ) -> int:
         """Fill ``tasks[*].candidates`` (text only); returns how many candidates were dropped."""
         if self.centralized_index is None:
-            sample_candidates(tasks, self.policies, num_candidates, generation_config, seeds)
+            if self.kind == "api":
+                self._sample_api(tasks, num_candidates, generation_config, seeds)
+            else:
+                sample_candidates(tasks, self.policies, num_candidates, generation_config, seeds)
             for task in tasks:  # ids of the comparator's own tokenizer are of no use to the target
                 task.prompt_ids = None
                 for cand in task.candidates:
-                    cand.token_ids = None
+                    if cand is not None:  # None: a dropped candidate
+                        cand.token_ids = None
             return 0
         policy = self.policies[self.centralized_index]
         prompts = [centralized_prompt(t.prompts, self.agent_names) for t in tasks]
+        context = self._api_context(self.centralized_index, tasks) if self.kind == "api" else {}
         outs = policy.generate(
             prompts,
             num_samples=num_candidates,
             generation_config=generation_config,
             seed=int(seeds[self.centralized_index]),
+            **context,
         )
         dropped = 0
-        for task, group in zip(tasks, outs):
+        for task, group in zip(tasks, outs, strict=True):
             task.prompt_ids = None
             task.candidates = []
             for completion in group:
@@ -102,6 +110,41 @@ class Comparator:
                 dropped += parts is None
                 task.candidates.append(None if parts is None else JointCandidate(completions=parts))
         return dropped
+
+    @staticmethod
+    def _api_context(agent_index: int, tasks: Sequence[TaskCandidates]) -> dict[str, Any]:
+        """What an API comparator's requests are for, as CoMLRL sends it to a generic endpoint:
+        the agent index and each task item (the env's ``task(i)`` when it has one)."""
+        items = []
+        for t in tasks:
+            lookup = getattr(t.env, "task", None)
+            items.append(lookup(t.task) if callable(lookup) else {"task_index": t.task})
+        return {"agent_index": agent_index, "task_items": items}
+
+    def _sample_api(
+        self,
+        tasks: Sequence[TaskCandidates],
+        num_candidates: int,
+        generation_config: GenerationConfig,
+        seeds: Sequence[int],
+    ) -> None:
+        """Like ``sample_candidates``, telling the remote model which agent and task each
+        prompt is for (RemotePolicy.generate takes ``agent_index`` / ``task_items``)."""
+        per_agent = [
+            policy.generate(
+                [t.prompts[i] for t in tasks],
+                num_samples=num_candidates,
+                generation_config=generation_config,
+                seed=int(seeds[i]),
+                **self._api_context(i, tasks),
+            )
+            for i, policy in enumerate(self.policies)
+        ]
+        for k, task in enumerate(tasks):
+            task.candidates = [
+                JointCandidate(completions=[per_agent[i][k][c].text for i in range(len(self.policies))])
+                for c in range(num_candidates)
+            ]
 
     def close(self) -> None:
         for p in {id(p): p for p in self.policies}.values():
@@ -134,7 +177,7 @@ def load_model_policies(sources: Sequence[str], devices: Sequence[str] | None) -
     """Frozen comparator policies from model sources (one per agent)."""
     from comlrl_core.models.hf_policy import TransformersPolicy
 
-    out = []
+    out: list[Policy] = []
     for i, src in enumerate(sources):
         device = (devices[i] if len(devices) > 1 else devices[0]) if devices else "auto"
         policy = TransformersPolicy.from_source(src, device=device)

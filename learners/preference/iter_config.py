@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from comlrl_core.config.options import BaseConfig, ConfigError, check_in, check_positive, option
+from comlrl_core.remote.config import FORMATS, canonical_format
 from learners.preference.pairs import PAIR_SELECTIONS
 from learners.preference.replay import check_replay_options
 
 COMPARATOR_POLICIES = ("current", "current_copy", "model", "history", "api")
-API_FORMATS = ("generic", "openai", "anthropic", "openai_responses")
+API_FORMATS = FORMATS  # generic, openai, anthropic, openai_responses
 
 
 @dataclass
@@ -67,9 +68,11 @@ class IterativeOptions(BaseConfig):
         None, help="history: compare against the policy of k rounds back (None: 1)"
     )
     comparator_api_url: str | None = option(
-        None, help="api: API root (openai/anthropic/openai_responses) or full URL (generic)"
+        None, help="api: endpoint URL, e.g. https://api.openai.com/v1/responses (SDK formats: or the API root)"
     )
-    comparator_api_format: str = option("generic", help="api: generic | openai | anthropic | openai_responses")
+    comparator_api_format: str = option(
+        "generic", help="api: generic | openai | anthropic | openai_responses (aliases: responses, codex)"
+    )
     comparator_api_model: str | None = option(None, help="api: model name sent to the endpoint")
     comparator_api_key_env: str | None = option(None, help="api: NAME of the environment variable holding the key")
     comparator_api_timeout: float = option(120.0, help="api: seconds per request")
@@ -113,6 +116,8 @@ class IterativeOptions(BaseConfig):
                 raise ConfigError(
                     "comparator_policy='api' needs comparator_api_url and comparator_api_model", "comparator_api_url"
                 )
+            # CoMLRL's aliases (responses, codex -> openai_responses) are accepted and stored canonical
+            self.comparator_api_format = canonical_format(self.comparator_api_format)
             check_in("comparator_api_format", self.comparator_api_format, API_FORMATS)
             check_positive("comparator_api_timeout", self.comparator_api_timeout)
         if self.comparator_num_candidates is not None:

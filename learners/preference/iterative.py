@@ -15,7 +15,12 @@ With ``comparator_policy='history'`` the policies are checkpointed automatically
 the first round and after every round (``policy_checkpoint_dir/iteration_000r``).
 
 The class is a mixin over :class:`learners.preference.trainer_base.PreferenceTrainerBase`;
-subclasses provide ``preference_oracle()`` and the training step.
+:meth:`IterativeRounds.run_rounds` is the round loop of both iterative trainers. A
+subclass provides :meth:`~IterativeRounds.train_round` (and may replace
+``preference_oracle()``); it keeps the round's training pairs in ``self.pairs`` (None
+between rounds) and saves ``self.iteration`` and the replay buffer with its checkpoints
+(:meth:`~IterativeRounds._rounds_cursor`), so a run paused between rounds -- or, where
+``train_round`` can pause, inside one -- resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from __future__ import annotations
 import pathlib
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
+from comlrl_core.policy import GenerationConfig, Policy
 from comlrl_core.run.checkpoint import load_checkpoint, read_extra_file, save_checkpoint
 from learners.common.seeding import derive_seed
 from learners.preference.build import pairs_against
-from learners.preference.candidates import Oracle, TaskCandidates, close_tasks, score_tasks
+from learners.preference.candidates import Oracle, TaskCandidates, TaskRewardOracle, close_tasks, score_tasks
 from learners.preference.comparators import (
     Comparator,
     api_policy,
@@ -45,6 +51,32 @@ POLICY_CKPT = "iteration_{:04d}"
 
 class IterativeRounds:
     """Round bookkeeping, comparators and collection for the iterative trainers."""
+
+    if TYPE_CHECKING:  # what the trainer this is mixed into provides (PreferenceTrainerBase and a subclass)
+        config: Any  # the trainer's config, IterativeOptions mixed in
+        policies: list[Policy]
+        agent_names: list[str]
+        run_dir: pathlib.Path
+        task_oracle: TaskRewardOracle
+        pairs: list[PreferencePair] | None  # the round's training pairs; None between rounds
+        finished: bool
+
+        def task_batches(self) -> list[list[int]]: ...
+
+        def sample_tasks(
+            self,
+            tasks: Sequence[int],
+            policies: Sequence[Policy],
+            num_candidates: int,
+            seed_key: Sequence[int],
+            oracle: Oracle,
+        ) -> list[TaskCandidates]: ...
+
+        def generation_config(self, temperature: float | None = None) -> GenerationConfig: ...
+
+        def _log(self, metrics: dict[str, float]) -> None: ...
+
+        def _finish(self) -> None: ...
 
     def _init_rounds(self) -> None:
         c = self.config
@@ -67,6 +99,51 @@ class IterativeRounds:
         self._fixed_comparator: Comparator | None = None  # model / api: built once per run
         self._history_copies: list | None = None  # history: one frozen copy, reloaded once per round
         self.comparator_loads = 0  # how many times comparator weights were (re)loaded
+
+    # -- the round loop -----------------------------------------------------------------
+    def run_rounds(self, stop_after: int | None = None, stop_after_rounds: int | None = None) -> dict[str, float]:
+        """Run the remaining rounds; returns the last training metrics.
+
+        ``stop_after`` is handed to :meth:`train_round` (MADPO: pause after that many updates
+        in total, inside a round); ``stop_after_rounds`` pauses once that many rounds are
+        complete. A paused run can be checkpointed and resumed; only a run that completed
+        every round calls ``_finish`` (evaluation, final checkpoint, plot).
+        """
+        c = self.config
+        if self.iteration == 0 and self.pairs is None:
+            self.save_policy_checkpoint(0)
+        last: dict[str, float] = {}
+        while self.iteration < c.num_iterations:
+            if stop_after_rounds is not None and self.iteration >= stop_after_rounds:
+                return last
+            round_ = self.iteration + 1
+            if self.pairs is None:  # a new round (else: resuming one paused mid-training)
+                comparator = self.build_comparator(round_)
+                found, stats = self.collect_round(round_, comparator)
+                self._log(stats)
+                self.pairs = self.store_and_select(round_, found)
+                self.begin_round(round_)
+            if self.pairs:
+                last = self.train_round(round_, self.pairs, stop_after) or last
+                if not self.round_complete():
+                    return last  # paused mid-round
+            self.save_policy_checkpoint(round_)
+            self.iteration, self.pairs = round_, None
+        if not self.finished:
+            self._finish()
+        return last
+
+    def begin_round(self, round_: int) -> None:
+        """Reset the per-round training cursor (nothing by default)."""
+        return None
+
+    def train_round(self, round_: int, pairs: Sequence[PreferencePair], stop_after: int | None) -> dict[str, float]:
+        """Train on the round's selected pairs; returns the last metrics."""
+        raise NotImplementedError(f"{type(self).__name__} must say how a round trains on its pairs")
+
+    def round_complete(self) -> bool:
+        """Whether the current round's training finished (False: paused inside it)."""
+        return True
 
     # -- comparators ------------------------------------------------------------------
     def _centralized_index(self) -> int | None:
@@ -150,7 +227,7 @@ class IterativeRounds:
                 [derive_seed(c.seed, COMPARATOR, round_, b, i) for i in range(len(self.policies))],
             )
             score_tasks(oracle, others)
-            for t, o in zip(target, others):
+            for t, o in zip(target, others, strict=True):
                 found = pairs_against(
                     t,
                     o,
@@ -172,6 +249,7 @@ class IterativeRounds:
             "iter/target_reward_mean": _mean(target_r),
             "iter/comparator_reward_mean": _mean(comp_r),
             "iter/comparator_dropped": float(dropped),
+            "iter/comparator_loads": float(self.comparator_loads),  # weight (re)loads so far
             "time/collect_s": time.perf_counter() - t0,
         }
         return pairs, stats

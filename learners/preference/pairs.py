@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, TypeGuard
 
 BASE_PAIR_SELECTIONS = ("reward_gap", "random", "all")
 PAIR_SELECTIONS = BASE_PAIR_SELECTIONS + ("comparator_reward",)
@@ -39,7 +39,7 @@ def _check(mode: str, limit: int | None, allowed: Sequence[str]) -> None:
         raise ValueError(f"preference_pairs_per_sample must be >= 1 or None, got {limit}")
 
 
-def _finite(x: float | None) -> bool:
+def _finite(x: float | None) -> TypeGuard[float]:
     return x is not None and math.isfinite(x)
 
 
@@ -52,10 +52,10 @@ def select_pairs(
     """
     _check(mode, limit, BASE_PAIR_SELECTIONS)
     eligible = [
-        (float(rewards[w]) - float(rewards[l]), w, l)
+        (float(rewards[w]) - float(rewards[lose]), w, lose)
         for w in range(len(rewards))
-        for l in range(len(rewards))
-        if _finite(rewards[w]) and _finite(rewards[l]) and rewards[w] > rewards[l]
+        for lose in range(len(rewards))
+        if _finite(rewards[w]) and _finite(rewards[lose]) and rewards[w] > rewards[lose]
     ]
     if mode == "random":
         (rng or random.Random(0)).shuffle(eligible)
@@ -64,7 +64,7 @@ def select_pairs(
     # "all": already in (winner, loser) order
     if limit is not None:
         eligible = eligible[:limit]
-    return [(w, l) for _, w, l in eligible]
+    return [(w, lose) for _, w, lose in eligible]
 
 
 @dataclass(frozen=True)

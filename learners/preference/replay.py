@@ -154,14 +154,14 @@ class ReplayBuffer:
     def eligible_rounds(self) -> list[RoundInfo]:
         """The non-empty rounds the mode draws from, oldest first."""
         nonempty = [r for r in self.rounds if r.num_pairs > 0]
-        if self.mode == "nearest_k":
+        if self.mode == "nearest_k" and self.k is not None:  # check_replay_options: this mode has a k
             return nonempty[-self.k :]
         if self.mode == "current":
             return nonempty[-1:] if self.rounds and self.rounds[-1].num_pairs else []
         return nonempty
 
     def round_weights(self, rounds: Sequence[RoundInfo]) -> list[float]:
-        if self.mode == "lambda_decay":
+        if self.mode == "lambda_decay" and self.lam is not None:  # check_replay_options: this mode has a lam
             return lambda_weights(len(rounds), float(self.lam))
         return [1.0 / len(rounds)] * len(rounds) if rounds else []
 
@@ -184,7 +184,7 @@ class ReplayBuffer:
             return []
         counts = apportion(self.default_sample_size(), self.round_weights(rounds))
         sample: list[PreferencePair] = []
-        for info, count in zip(rounds, counts):
+        for info, count in zip(rounds, counts, strict=True):
             sample.extend(draw_from_round(self.pairs_of(info.iteration), count, rng))
         rng.shuffle(sample)
         return sample

@@ -46,6 +46,7 @@ class PreferenceTrainerBase(TrainerCommon):
         if not isinstance(config, self.config_class):
             raise TypeError(f"config must be a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
+        self._check_run_setup()  # MARLHF is not data-parallel: it refuses a multi-process launcher
         self.team = team
         self.policies: list[Policy] = team_policies(team)
         tune_host_memory(config, self.policies)
@@ -61,13 +62,17 @@ class PreferenceTrainerBase(TrainerCommon):
         self.global_step = 0  # optimizer updates (per agent) so far
 
     # -- setup ----------------------------------------------------------------------
+    def _env_kwargs(self, task_slice: str | None) -> dict[str, Any]:
+        """The env's constructor arguments for the split ``task_slice`` (one turn)."""
+        return dict(num_turns=1, task_slice=task_slice, **self.config.env_kwargs)
+
     def _make_env(self, task_slice: str | None, env_spec: Any = None) -> Any:
-        return build_env(env_spec or self._env_spec, num_turns=1, task_slice=task_slice, **self.config.env_kwargs)
+        return build_env(env_spec or self._env_spec, **self._env_kwargs(task_slice))
 
     @property
     def logger(self) -> MetricsLogger:
         if self._logger is None:
-            self._logger = MetricsLogger(self.run_dir, config=self.config)
+            self._logger = self._new_logger()
         return self._logger
 
     def training_tasks(self) -> list[int]:
@@ -142,7 +147,7 @@ class PreferenceTrainerBase(TrainerCommon):
     # -- evaluation and logging -----------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Evaluation episodes with the TASK reward (``eval/turn_1/reward_mean`` ...)."""
-        return self._evaluate_episodes(1, 1.0, derive_seed(self.config.seed, EVAL, self.global_step))
+        return self._evaluate_episodes(1, 1.0)
 
     def plot_rewards(self) -> pathlib.Path | None:
         return self._plot_reward_curve(("turn_1/reward_mean", "eval/turn_1/reward_mean"))

@@ -12,7 +12,11 @@ Each candidate text is ``"<request number>.<candidate index>|<prompt>"`` so that
 tell which prompt and which request an answer came from.
 
 Tests script the next responses with :meth:`FakeLLMServer.script` (a status, a body, headers,
-a delay, or a hang), and read what the client sent from :attr:`FakeLLMServer.requests`.
+a delay, a hang, a slow drip, an oversized or gzip-compressed body; a redirect is a 3xx status
+with a ``Location`` header, e.g. to a second server, which is another origin), and read what
+the client sent (POSTs, and the GETs a 302/303 redirect turns them into) from
+:attr:`FakeLLMServer.requests`. The generic endpoint reads CoMLRL's body
+(``num_return_sequences``; ``n`` also works).
 ``max_in_flight`` records the largest number of requests the server was handling at once;
 ``hold_until_in_flight`` makes early requests wait until that many have been in flight at
 once (a bounded wait), so that a concurrency bound is reached deterministically rather than
@@ -21,6 +25,8 @@ by luck of timing.
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 import threading
 import time
@@ -35,6 +41,9 @@ class Scripted:
 
     ``body`` may be a dict (sent as JSON) or a str (sent verbatim, e.g. malformed JSON).
     ``hang`` holds the connection without answering until the server closes.
+    ``drip_s`` sends the whole response (status line and headers included) one byte every
+    ``drip_s`` seconds. ``stream_bytes`` sends that many bytes of body without a
+    ``Content-Length`` (then closes). ``gzip`` compresses the body (``Content-Encoding: gzip``).
     """
 
     status: int = 200
@@ -42,6 +51,9 @@ class Scripted:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     hang: bool = False
+    drip_s: float = 0.0
+    stream_bytes: int = 0
+    gzip: bool = False
 
 
 @dataclass
@@ -50,6 +62,7 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-cased names
     body: Any  # parsed JSON, or the raw text when it was not JSON
     received_at: float  # time.monotonic() on arrival
+    method: str = "POST"
 
 
 class FakeLLMServer:
@@ -113,9 +126,7 @@ class FakeLLMServer:
                     timeout=2.0,
                 )
             number = len(self.requests)
-        reply = Scripted(reply.status, reply.body, reply.headers, reply.delay_s, reply.hang)
-        reply.headers = {**reply.headers, "X-Request-Number": str(number)}
-        return reply
+        return dataclasses.replace(reply, headers={**reply.headers, "X-Request-Number": str(number)})
 
     def _leave(self) -> None:
         with self._lock:
@@ -177,7 +188,7 @@ class FakeLLMServer:
             }
         # generic endpoint
         prompt = body.get("prompt", body.get("inputs", ""))
-        n = int(body.get("n", 1)) if self.honour_n else 1
+        n = int(body.get("num_return_sequences", body.get("n", 1))) if self.honour_n else 1
         texts = [f"{number}.{i}|{prompt}" for i in range(n)]
         return {"outputs": texts, "data": {"choices": [{"text": t} for t in texts]}}
 
@@ -191,6 +202,12 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            self._answer()
+
+        def do_GET(self) -> None:  # noqa: N802 -- a 302/303 redirect turns a POST into a GET
+            self._answer()
+
+        def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length).decode("utf-8", errors="replace")
             try:
@@ -202,6 +219,7 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 headers={k.lower(): v for k, v in self.headers.items()},
                 body=body,
                 received_at=time.monotonic(),
+                method=self.command,
             )
             reply = server._enter(recorded)
             try:
@@ -215,11 +233,18 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 if payload is None and reply.status == 200:
                     payload = server._success_body(self.path, body, number)
                 text = payload if isinstance(payload, str) else json.dumps(payload or {})
-                data = text.encode("utf-8")
+                if reply.stream_bytes:
+                    self._stream(reply)
+                    return
+                data = gzip.compress(text.encode("utf-8")) if reply.gzip else text.encode("utf-8")
+                headers = {"Content-Type": "application/json", "Content-Length": str(len(data)), **reply.headers}
+                if reply.gzip:
+                    headers["Content-Encoding"] = "gzip"
+                if reply.drip_s:
+                    self._drip(reply, headers, data)
+                    return
                 self.send_response(reply.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in reply.headers.items():
+                for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
@@ -227,5 +252,29 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 pass  # the client gave up (timeout); nothing to answer
             finally:
                 server._leave()
+
+        def _drip(self, reply: Scripted, headers: dict[str, str], data: bytes) -> None:
+            head = f"HTTP/1.1 {reply.status} X\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+            for byte in head.encode("latin-1") + data:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                if server._closing.wait(reply.drip_s):
+                    return
+            self.close_connection = True
+
+        def _stream(self, reply: Scripted) -> None:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Connection", "close")
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            block = b'{"pad": "' + b"x" * 65536
+            sent = 0
+            while sent < reply.stream_bytes and not server._closing.is_set():
+                chunk = block[: reply.stream_bytes - sent]
+                self.wfile.write(chunk)
+                sent += len(chunk)
+            self.close_connection = True
 
     return Handler

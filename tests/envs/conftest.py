@@ -36,7 +36,7 @@ class ToyEnv(TextParallelEnv):
     def _score_batch(self, items):
         type(self).score_calls.append(len(items))
         out = []
-        for task, actions in items:
+        for _task, actions in items:
             good = [a for a in self.possible_agents if actions[a] == "good"]
             raw = len(good) / len(self.possible_agents)
             details = {

@@ -58,7 +58,7 @@ def test_task_slice_selects_a_split(toy_cls):
     with pytest.raises(ValueError, match="task_slice"):
         parse_task_slice("first ten")
     with pytest.raises(ValueError, match="selects no task"):
-        toy_cls(task_slice="10:20").num_tasks
+        _ = toy_cls(task_slice="10:20").num_tasks
 
 
 @pytest.mark.parametrize(
@@ -276,7 +276,7 @@ def test_step_many_equals_sequential_steps_with_one_score_call(toy_cls):
         return envs
 
     actions = [GOOD, HALF, {"a": "bad", "b": "bad"}, {"a": None, "b": "good"}, HALF]
-    sequential = [e.step(a) for e, a in zip(fresh(), actions)]
+    sequential = [e.step(a) for e, a in zip(fresh(), actions, strict=True)]
     toy_cls.score_calls.clear()
     batched = step_many(fresh(), actions)
     assert toy_cls.score_calls == [5]

@@ -33,7 +33,16 @@ def _kwargs_for(env_id: str) -> list[dict[str, Any]]:
     if env_id == "comlrl/CoopCode-v0":
         backend = "docker" if _docker_answers() else "process"
         return [{"sandbox_backend": backend, "task_slice": "0:4", "num_turns": 2}]
+    if env_id == "comlrl/Dataset-v0":
+        rows = [{"prompt": f"Say the word number {i}."} for i in range(5)]
+        base = {"dataset": rows, "reward_func": _length_reward}
+        return [base, {**base, "num_turns": 3, "num_agents": 3, "batched_reward": True}]
     return [{}]
+
+
+def _length_reward(*completions, batch_items=None):
+    """Dataset-v0's reward in the conformance checks: deterministic in the completions."""
+    return [sum(len(c) for c in joint) / 1000.0 for joint in zip(*completions, strict=True)]
 
 
 CASES = [(env_id, kw) for env_id in envs.registered_ids("comlrl") for kw in _kwargs_for(env_id)]

@@ -120,7 +120,9 @@ def test_one_generate_call_per_agent_per_turn(toy_cls):
     # turn 1: 5 prompts x 2 samples; then only the failing half goes on, one sample each
     assert [c[:2] for c in a.calls] == [(5, 2), (5, 1), (5, 1)]
     assert [c[:2] for c in b.calls] == [(5, 2), (5, 1), (5, 1)]
-    assert len({c[2] for c in a.calls + b.calls}) == 6  # distinct seeds per agent and turn
+    # one seed per completion, distinct across episodes, turns and agents
+    assert [len(c[2]) for c in a.calls] == [10, 5, 5]
+    assert len({seed for c in a.calls + b.calls for seed in c[2]}) == 40
     assert result["pass@1"] == 0.5 and result["turn_3/num_episodes"] == 5
 
 
@@ -196,11 +198,20 @@ def test_comlrl_eval_end_to_end_with_tiny_random(tmp_path, capsys):
     )
     assert code == 0
     printed = capsys.readouterr().out
-    assert "| pass@1 |" in printed and "| turn_2/reward_mean |" in printed and "pass@4" not in printed
-    data = json.loads(out.read_text())
-    assert data["config"]["env_kwargs"] == {"num_turns": 2} and len(data["per_task"]) == 2
-    assert data["metrics"]["turn_1/num_episodes"] == 4.0
-    assert 0.0 <= data["metrics"]["turn_2/reward_mean"] <= 3.0
+    assert "| eval/pass@1 |" in printed and "| eval/turn_2/reward_mean |" in printed and "pass@4" not in printed
+    data = json.loads(out.read_text())  # flat, with the eval/ keys trainers log
+    assert data["eval/num_tasks"] == 2.0 and data["eval/episodes_per_task"] == 2.0
+    assert data["eval/turn_1/num_episodes"] == 4.0
+    assert 0.0 <= data["eval/turn_2/reward_mean"] <= 3.0
+    assert set(data) == {k for k in data if k.startswith("eval/")}
+
+
+def test_comlrl_eval_task_slice_selects_the_split(capsys):
+    from comlrl_core.cli import main
+
+    args = ["eval", "--env", "comlrl/Writing-v0", "--model", "tiny-random", "--max-new-tokens", "4"]
+    assert main([*args, "--task-slice=-3:", "--env-kwarg", "num_turns=1"]) == 0
+    assert "| eval/num_tasks | 3 |" in capsys.readouterr().out
 
 
 def test_comlrl_eval_rejects_wrong_model_count(capsys):

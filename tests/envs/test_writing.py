@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -82,12 +83,12 @@ def test_length_level_rises_steadily_towards_the_target():
     levels = [
         score_writing(PASSAGE, summary, "z" * n, CONFIG)[1]["levels"]["length"] for n in range(0, target_e + 1, 10)
     ]
-    assert all(b > a for a, b in zip(levels, levels[1:]))
+    assert all(b > a for a, b in itertools.pairwise(levels))
     above = [
         score_writing(PASSAGE, summary, "z" * n, CONFIG)[1]["levels"]["length"]
         for n in range(target_e, 20 * target_e, 200)
     ]
-    assert all(b < a for a, b in zip(above, above[1:])) and above[-1] > 0
+    assert all(b < a for a, b in itertools.pairwise(above)) and above[-1] > 0
 
 
 # ---- reward properties -----------------------------------------------------------------------
@@ -149,7 +150,7 @@ def test_custom_data_file(tmp_path):
     assert env.num_tasks == 1 and "rivers and boats" in env.reset()[0][SUMMARIZER]
     path.write_text(json.dumps([{"text": "no passage key"}]))
     with pytest.raises(ValueError, match="passage"):
-        WritingEnv(data_file=str(path)).num_tasks
+        _ = WritingEnv(data_file=str(path)).num_tasks
 
 
 def test_prompts_state_roles_and_targets():
@@ -219,4 +220,4 @@ def test_step_many_equals_sequential_steps():
         return out
 
     actions = [{SUMMARIZER: f"summary {i} wool river", EXPANDER: "expansion " * (i + 1)} for i in range(4)]
-    assert step_many(fresh(), actions) == [env.step(a) for env, a in zip(fresh(), actions)]
+    assert step_many(fresh(), actions) == [env.step(a) for env, a in zip(fresh(), actions, strict=True)]

@@ -154,7 +154,7 @@ def test_ranks_identical_and_equal_to_single_process(launched, single, algo):
     a, b, s = rank0[algo], rank1[algo], single[algo]
     # Every rank ends with bit-identical parameters.
     assert len(a["end"]) == len(b["end"]) == len(s["end"])
-    for x, y in zip(a["end"], b["end"]):
+    for x, y in zip(a["end"], b["end"], strict=True):
         assert torch.equal(x, y)
     moved = _flat(s["end"]) - _flat(s["start"])
     gap = (_flat(a["end"]) - _flat(s["end"])).abs()

@@ -28,12 +28,20 @@ def test_main_job_writes_the_run_folder(tmp_path):
         assert (out / name).is_file(), name
     assert any((out / "checkpoints").iterdir())
     rows = read_metrics(out)
-    assert any("eval_before/pass@1" in r for r in rows) and any("eval_after/pass@1" in r for r in rows)
+    eval_rows = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if "eval/pass@1" in r]
+    assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 1]  # before and after training
     assert any("turn_1/reward_mean" in r for r in rows)
     table = (out / "eval.md").read_text()
-    assert "| pass@1 |" in table and "| turn_2/reward_mean |" in table
+    assert "| eval/pass@1 |" in table and "| eval/turn_2/reward_mean |" in table
     evals = json.loads((out / "eval.json").read_text())
-    assert set(evals) == {"before", "after"} and 0.0 <= evals["after"]["pass@1"] <= 1.0
+    assert evals == {"before": eval_rows[0], "after": eval_rows[-1]} and 0.0 <= evals["after"]["eval/pass@1"] <= 1.0
+    # the table's "after" column is what `comlrl eval --checkpoint` gives for the run folder
+    replay = tmp_path / "replay.json"
+    assert cli_main(["eval", "--checkpoint", str(out), "--out", str(replay)]) == 0
+    assert json.loads(replay.read_text()) == evals["after"]
+    cells = [line.split("|") for line in table.splitlines() if line.startswith("| eval/")]
+    after_column = {cell[1].strip(): cell[3].strip() for cell in cells}
+    assert after_column and all(after_column[k] == f"{evals['after'][k]:.4f}" for k in after_column)
 
 
 def test_main_job_rejects_a_bad_option(capsys):

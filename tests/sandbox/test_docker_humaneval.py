@@ -26,13 +26,15 @@ def check_code(problem) -> str:
 def test_canonical_solutions_pass(docker_box, problems):
     results = docker_box.run([Program(p["prompt"] + p["canonical_solution"], tests=check_code(p)) for p in problems])
     failures = {
-        p["task_id"]: (r.status, r.error_type, r.error_message) for p, r in zip(problems, results) if not r.passed
+        p["task_id"]: (r.status, r.error_type, r.error_message)
+        for p, r in zip(problems, results, strict=True)
+        if not r.passed
     }
     assert failures == {}
 
 
 def test_return_none_bodies_fail(docker_box, problems):
     results = docker_box.run([Program(p["prompt"] + "    return None\n", tests=check_code(p)) for p in problems])
-    passing = [p["task_id"] for p, r in zip(problems, results) if r.passed]
+    passing = [p["task_id"] for p, r in zip(problems, results, strict=True) if r.passed]
     assert passing == []
     assert {r.status for r in results} <= {Status.FAILED, Status.ERROR}

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import sandbox.sandbox as sandbox_module
 from sandbox import Program, Sandbox, SandboxConfig, SandboxUnavailable
+from sandbox._child import token_line
 from sandbox._server import _parse_verdict
 from sandbox.cli import add_commands
 from sandbox.docker_backend import LABEL, container_options, owner_alive, owner_labels
@@ -38,7 +39,7 @@ def test_config_rejects_bad_options_by_name(option, value, message):
 
 def test_config_defaults():
     config = SandboxConfig()
-    assert config.pool_size == (os.cpu_count() or 1)
+    assert config.pool_size == (os.cpu_count() or 1) + 2
     assert (config.timeout, config.memory_mb, config.pids, config.cpus, config.tmpfs_mb) == (10.0, 512, 64, 1.0, 64)
     assert config.server_config()["memory_bytes"] == 512 << 20
 
@@ -81,20 +82,43 @@ def test_server_source_compiles_and_fits_one_argument():
     assert len(source.encode()) < 128 * 1024  # Linux MAX_ARG_STRLEN for one argv entry
 
 
-def _line(secret, pid, status="passed"):
-    return repr((secret, pid, status, None, None, "tests", "", None)).encode() + b"\n"
+SEED = b"s" * 32
+PLAN = repr(("plan", [("assert f(1) == 1", "check"), ("x = 2", "setup"), ("assert f(2) == 2", "check")], 3))
 
 
-def test_verdict_parsing_needs_the_secret_and_the_childs_pid():
-    good = _line("s3cret", 7)
-    verdict, tampered = _parse_verdict(good, "s3cret", 7)
+def _lines(*items: bytes | tuple) -> bytes:
+    return b"".join((i if isinstance(i, bytes) else repr(i).encode()) + b"\n" for i in items)
+
+
+def _detail(unit: int, status: str = "failed") -> tuple:
+    return ("unit", unit, status, "AssertionError", "", "")
+
+
+def test_a_unit_passes_only_with_its_token():
+    tokens = [token_line(SEED, u) for u in range(4)]
+    verdict, tampered = _parse_verdict(PLAN.encode() + b"\n" + b"".join(tokens), SEED, True)
     assert verdict["status"] == "passed" and not tampered
-    assert _parse_verdict(_line("guess", 7), "s3cret", 7) == (None, True)
-    assert _parse_verdict(b"junk\n" + good, "s3cret", 7) == (None, True)
-    assert _parse_verdict(good + _line("s3cret", 7, "failed"), "s3cret", 7) == (None, True)
-    assert _parse_verdict(_line("s3cret", 8), "s3cret", 7) == (None, False)  # a forked copy
-    assert _parse_verdict(_line("s3cret", 7, "excellent"), "s3cret", 7) == (None, True)
-    assert _parse_verdict(b"", "s3cret", 7) == (None, False)
+    assert [(a["index"], a["passed"]) for a in verdict["asserts"]] == [(0, True), (2, True)]
+    # a failure's detail for unit 3, with the other tokens: failed, the others still pass
+    raw = _lines(PLAN.encode(), *tokens[:3], _detail(3))
+    verdict, _ = _parse_verdict(raw, SEED, True)
+    assert verdict["status"] == "failed" and [a["passed"] for a in verdict["asserts"]] == [True, False]
+    # a token from another seed, or for a unit that does not exist, is tampering
+    assert _parse_verdict(_lines(PLAN.encode(), token_line(b"x" * 32, 0)), SEED, True) == (None, True)
+    assert _parse_verdict(_lines(PLAN.encode(), token_line(SEED, 9)), SEED, True) == (None, True)
+    # a detail that claims a pass is not a detail; junk is tampering
+    assert _parse_verdict(_lines(PLAN.encode(), *tokens[:3], _detail(3, "passed")), SEED, True) == (None, True)
+    assert _parse_verdict(_lines(PLAN.encode(), b"junk"), SEED, True) == (None, True)
+    # the plan must come first (it is written before any untrusted code runs)
+    assert _parse_verdict(_lines(*tokens, PLAN.encode()), SEED, True) == (None, True)
+
+
+def test_missing_tokens_without_details_leave_the_verdict_to_the_exit_status():
+    tokens = [token_line(SEED, u) for u in range(4)]
+    assert _parse_verdict(_lines(PLAN.encode(), *tokens[:2]), SEED, True) == (None, False)
+    assert _parse_verdict(b"", SEED, True) == (None, False)
+    verdict, _ = _parse_verdict(_lines(PLAN.encode(), _detail(0, "error")), SEED, False)
+    assert verdict["status"] == "error" and verdict["extra"]["phase"] == "program"
 
 
 def test_container_options_lock_the_container_down():

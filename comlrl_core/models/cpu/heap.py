@@ -9,7 +9,10 @@ on 2 cores. Raising the mmap and trim thresholds makes freed blocks stay in the 
 for reuse (GPU frameworks get the same effect from their caching allocators).
 
 The cost: memory freed at the end of a run stays mapped to the process until it exits,
-so its resident size stays near its peak. The peak itself does not grow.
+so its resident size stays near its peak. The peak itself does not grow. Because it
+changes the whole host process for good, it is opt-in: nothing here runs on import, and
+trainers call :func:`retain_freed_memory` only under the ``retain_freed_memory`` option
+(default off; the measurement is in docs/performance.md).
 """
 
 from __future__ import annotations

@@ -6,35 +6,37 @@ into their blocked layout on every call. Packing each weight once per generation
 and reusing the packed copy for every step halves the matrix time on SmolLM2-135M (bf16
 through oneDNN, fp32 through MKL's packed GEMM).
 
-:func:`prepacked_linears` is a context manager that does this for every ``nn.Linear`` of
-a model while it is active (no-grad passes only; anything with gradients runs the plain
-layer). The results are those of the plain layers: the same oneDNN bf16 kernel family
-that autocast calls, and fp32 GEMM up to summation order. Where the backends are missing
-(no MKL / oneDNN, not on CPU) it changes nothing.
+:func:`prepacked_linears` is a context manager that does this for every plain
+``nn.Linear`` of a model while it is active (no-grad passes only; anything with gradients
+runs the plain layer). The results are those of the plain layers: the same oneDNN bf16
+kernel family that autocast calls, and fp32 GEMM up to summation order.
+
+The packing ops are private (``torch.ops.mkldnn`` / ``torch.ops.mkl``), so each dtype's
+path is probed once per process: a small layer packed and compared with ``F.linear``.
+Where a probe fails (ops missing or changed, no MKL / oneDNN, not on CPU) the layers stay
+plain and one log line says why; a packing error on a real model switches the path off
+the same way. Layers whose ``forward`` is already replaced on the instance (accelerate's
+hooks: offloading, device maps) are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import functools
+import logging
+from typing import Iterator, TypeGuard
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 # Weights smaller than this gain nothing from packing (LoRA adapters, tiny test models
 # still pack: the threshold only skips the trivially small).
 _MIN_WEIGHT_ELEMENTS = 4096
 
-
-def _bf16_packing_available() -> bool:
-    try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def _fp32_packing_available() -> bool:
-    return bool(getattr(torch._C, "has_mkl", False)) and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+# dtypes whose packing failed on a real model in this process (probes passed, a layer did not)
+_broken: set[torch.dtype] = set()
 
 
 class _PackedForward:
@@ -54,8 +56,17 @@ class _PackedForward:
             self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (x.requires_grad or self.layer.weight.requires_grad):
+        if self.compute_dtype in _broken or (
+            torch.is_grad_enabled() and (x.requires_grad or self.layer.weight.requires_grad)
+        ):
             return self.original(x)
+        try:
+            return self._packed_call(x)
+        except Exception as exc:  # noqa: BLE001 - private ops: this call and the rest go plain
+            _switch_off(self.compute_dtype, exc)
+            return self.original(x)
+
+    def _packed_call(self, x: torch.Tensor) -> torch.Tensor:
         if self.compute_dtype == torch.bfloat16:
             return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, self.bias, "none", [], "")
         rows = x.numel() // x.shape[-1]
@@ -63,6 +74,66 @@ class _PackedForward:
             return self.original(x)
         out = torch.ops.mkl._mkl_linear(x.reshape(rows, -1), self.packed, self.weight, self.bias, rows)
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _switch_off(dtype: torch.dtype, exc: Exception) -> None:
+    """A packing op failed on a real model: plain layers for ``dtype`` from now on."""
+    if dtype not in _broken:
+        _broken.add(dtype)
+        logger.warning(
+            "pre-packed %s linear weights are off from now on, decoding uses the plain layers: %s: %s",
+            str(dtype).removeprefix("torch."),
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _probe(dtype: torch.dtype) -> str | None:
+    """Pack a small layer for ``dtype`` and compare with ``F.linear``; None when they agree."""
+    if dtype == torch.bfloat16:
+        if not torch.backends.mkldnn.is_available():
+            return "this torch build has no oneDNN"
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return "this CPU has no oneDNN bf16 support"
+    elif not getattr(torch._C, "has_mkl", False):
+        return "this torch build has no MKL"
+    gen = torch.Generator().manual_seed(0)
+    layer = nn.Linear(64, 48)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(48, 64, generator=gen) / 8)
+        layer.bias.copy_(torch.randn(48, generator=gen))
+        x = torch.randn(3, 64, generator=gen)
+        packed = _PackedForward(layer, dtype, rows=3)._packed_call(x.to(dtype)).float()
+        plain = nn.functional.linear(x.to(dtype), layer.weight.to(dtype), layer.bias.to(dtype)).float()
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    if packed.shape != plain.shape:
+        return f"packed output shape {tuple(packed.shape)} differs from F.linear's {tuple(plain.shape)}"
+    if not torch.allclose(packed, plain, atol=tolerance, rtol=tolerance):
+        return f"packed results differ from F.linear by up to {(packed - plain).abs().max().item():.3g}"
+    return None
+
+
+@functools.cache
+def unavailable_reason(dtype: torch.dtype) -> str | None:
+    """None when packing for ``dtype`` works in this process, else why not (probed once,
+    logged once)."""
+    try:
+        with torch.autocast("cpu", enabled=False):  # the probe picks its dtype itself
+            reason = _probe(dtype)
+    except Exception as exc:  # noqa: BLE001 - private ops: any failure means plain layers
+        reason = f"{type(exc).__name__}: {exc}"
+    if reason is not None:
+        name = str(dtype).removeprefix("torch.")
+        logger.info("pre-packed %s linear weights are off, decoding uses the plain layers: %s", name, reason)
+    return reason
+
+
+def _bf16_packing_available() -> bool:
+    return torch.bfloat16 not in _broken and unavailable_reason(torch.bfloat16) is None
+
+
+def _fp32_packing_available() -> bool:
+    return torch.float32 not in _broken and unavailable_reason(torch.float32) is None
 
 
 def packing_dtype(model: nn.Module) -> torch.dtype | None:
@@ -83,6 +154,19 @@ def packing_dtype(model: nn.Module) -> torch.dtype | None:
     return None
 
 
+def _packable(module: nn.Module) -> TypeGuard[nn.Linear]:
+    return (
+        type(module) is nn.Linear
+        # an instance-level forward is someone else's wrapper (accelerate's hook moves
+        # offloaded weights in before calling the layer): replacing it would drop it
+        and "forward" not in module.__dict__
+        and not hasattr(module, "_hf_hook")
+        and module.weight.device.type == "cpu"
+        and module.weight.numel() >= _MIN_WEIGHT_ELEMENTS
+        and module.weight.dtype in (torch.float32, torch.bfloat16)
+    )
+
+
 @contextlib.contextmanager
 def prepacked_linears(model: nn.Module, rows: int) -> Iterator[bool]:
     """Within the block, no-grad calls of ``model``'s linear layers use weights packed for
@@ -92,14 +176,17 @@ def prepacked_linears(model: nn.Module, rows: int) -> Iterator[bool]:
     patched: list[nn.Linear] = []
     try:
         if dtype is not None:
-            for module in model.modules():
-                if (
-                    type(module) is nn.Linear
-                    and module.weight.numel() >= _MIN_WEIGHT_ELEMENTS
-                    and module.weight.dtype in (torch.float32, torch.bfloat16)
-                ):
-                    module.forward = _PackedForward(module, dtype, rows)
-                    patched.append(module)
+            try:
+                for module in model.modules():
+                    if _packable(module):
+                        # an instance-level forward shadows nn.Linear.forward for this layer only
+                        module.__dict__["forward"] = _PackedForward(module, dtype, rows)
+                        patched.append(module)
+            except Exception as exc:  # noqa: BLE001 - private ops: fall back to the plain layers
+                _switch_off(dtype, exc)
+                for module in patched:
+                    del module.forward
+                patched = []
         yield bool(patched)
     finally:
         for module in patched:

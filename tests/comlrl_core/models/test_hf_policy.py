@@ -46,7 +46,7 @@ def force_eos_after_multiple_of_4(tiny_policy):
 def test_generate_shapes_and_prompt_ids(tiny_policy):
     out = tiny_policy.generate(PROMPTS, num_samples=3, generation_config=GenerationConfig(max_new_tokens=5), seed=0)
     assert len(out) == len(PROMPTS)
-    for prompt, group in zip(PROMPTS, out):
+    for prompt, group in zip(PROMPTS, out, strict=True):
         assert len(group) == 3
         for c in group:
             assert c.prompt_token_ids == tiny_policy.encode_prompt(prompt)
@@ -178,7 +178,7 @@ def test_repeat_cache_rows_is_prompt_major(tiny_policy):
         cache = tiny_policy.model(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
     before = [layer.keys.clone() for layer in cache.layers]
     repeated = repeat_cache_rows(cache, 3)
-    for layer, keys in zip(repeated.layers, before):
+    for layer, keys in zip(repeated.layers, before, strict=True):
         assert layer.keys.shape[0] == len(PROMPTS) * 3
         for b in range(len(PROMPTS) * 3):
             assert torch.equal(layer.keys[b], keys[b // 3])
@@ -207,7 +207,7 @@ def test_greedy_matches_transformers_generate(tiny_policy):
 def test_top_k_1_is_greedy(tiny_policy):
     greedy = tiny_policy.generate(PROMPTS, 1, GenerationConfig(max_new_tokens=8, temperature=0))
     topk1 = tiny_policy.generate(PROMPTS, 2, GenerationConfig(max_new_tokens=8, temperature=1.5, top_k=1), seed=5)
-    for g, t in zip(greedy, topk1):
+    for g, t in zip(greedy, topk1, strict=True):
         assert t[0].token_ids == t[1].token_ids == g[0].token_ids
 
 
@@ -287,7 +287,7 @@ def test_sequence_logprobs_equals_naive_loop(tiny_policy):
     completions = [c.token_ids[: 1 + i % 7] for i, c in enumerate(x for g in out for x in g)]
     with torch.no_grad():
         batched = tiny_policy.sequence_logprobs(prompts, completions)
-    naive = [_naive_logprob(tiny_policy, p, c) for p, c in zip(prompts, completions)]
+    naive = [_naive_logprob(tiny_policy, p, c) for p, c in zip(prompts, completions, strict=True)]
     assert torch.allclose(batched, torch.tensor(naive), atol=1e-4)
     per_token, mask = tiny_policy.sequence_logprobs(prompts, completions, per_token=True)
     assert mask.sum(-1).tolist() == [len(c) for c in completions]
@@ -326,7 +326,7 @@ def test_logprobs_invariant_to_extra_padding(tiny_policy, data):
     assert torch.allclose(padded[:n, :width], alone, atol=1e-4)
     assert torch.equal(mask_padded[:n, :width], mask_alone)
     assert not mask_padded[:n, width:].any() and not padded[:n, width:].any()
-    naive = [_naive_logprob(tiny_policy, p, c) for p, c in zip(prompts, completions)]
+    naive = [_naive_logprob(tiny_policy, p, c) for p, c in zip(prompts, completions, strict=True)]
     assert torch.allclose(alone.sum(-1), torch.tensor(naive), atol=1e-4)
 
 

@@ -63,7 +63,7 @@ def test_logprobs_run_in_bf16_close_to_fp32_with_fp32_gradients():
     assert not torch.equal(lp_mixed, lp_exact)  # it really is a different precision
     (lp_mixed * mask).sum().backward()
     (lp_exact * mask).sum().backward()
-    for (name, p_m), p_e in zip(mixed.named_parameters(), exact.parameters()):
+    for (name, p_m), p_e in zip(mixed.named_parameters(), exact.parameters(), strict=True):
         assert p_m.dtype == torch.float32 and p_m.grad is not None and p_m.grad.dtype == torch.float32, name
         cos = torch.nn.functional.cosine_similarity(p_m.grad.flatten(), p_e.grad.flatten(), dim=0)
         assert cos > 0.95, (name, float(cos))

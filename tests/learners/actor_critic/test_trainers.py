@@ -162,7 +162,7 @@ def test_iac_critic_reads_only_its_own_agents_text(team, tmp_path, critic_type):
     assert len(captured) == 2
     for agent, (mine, other) in enumerate([("summarizer", "expander"), ("expander", "summarizer")]):
         assert len(calls[agent]) == 2
-        for (history, action), episode in zip(calls[agent], captured):
+        for (history, action), episode in zip(calls[agent], captured, strict=True):
             own = episode.turns[0].agents[agent]
             assert history == own.prompt
             assert f"You are the {mine}" in history and f"You are the {other}" not in history
@@ -187,7 +187,7 @@ def test_maac_critic_reads_every_agents_text(team, tmp_path, critic_type):
     captured = _capture_update_episodes(trainer)
     trainer.train()
     assert len(calls[0]) == len(captured) >= 1
-    for (history, action), episode in zip(calls[0], captured):
+    for (history, action), episode in zip(calls[0], captured, strict=True):
         turn = episode.turns[0]
         assert "You are the summarizer" in history and "You are the expander" in history
         assert turn.agents[0].prompt in history and turn.agents[1].prompt in history
@@ -265,5 +265,5 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert len(resumed.buffer) == 2 and resumed.global_step == 3
     resumed.train()
     assert resumed.update_log == [r for r in straight.update_log if r.global_step > 3]
-    for a, b in zip(_weights(straight), _weights(resumed)):
+    for a, b in zip(_weights(straight), _weights(resumed), strict=True):
         assert torch.allclose(a, b, atol=1e-6)

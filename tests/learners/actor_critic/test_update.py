@@ -63,7 +63,7 @@ def test_micro_batching_gives_the_same_gradient(team):
     critic = ValueHeadCritic(policy)
     full_a, full_c = _grads(policy, critic, micro=4)
     one_a, one_c = _grads(policy, critic, micro=1)
-    for a, b in zip(full_a + full_c, one_a + one_c):
+    for a, b in zip(full_a + full_c, one_a + one_c, strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
     assert any(g.abs().sum() > 0 for g in full_c)
 

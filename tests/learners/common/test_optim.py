@@ -26,7 +26,7 @@ def test_adamw_is_fused_on_cpu_and_matches_the_reference():
     assert opt.defaults["fused"] is True
     _, reference = _train(lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=False))
     _, initial = _train(lambda ps: torch.optim.SGD(ps, lr=0.0), steps=1)
-    for a, b, start in zip(fused, reference, initial):
+    for a, b, start in zip(fused, reference, initial, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
         assert not torch.allclose(a, start)  # the steps did move the weights
 

@@ -22,7 +22,7 @@ def policy():
 
 
 def _per_row_and_grouped(policy, prompts, comps, weights):
-    flat_p = [p for p, group in zip(prompts, comps) for _ in group]
+    flat_p = [p for p, group in zip(prompts, comps, strict=True) for _ in group]
     flat_c = [c for group in comps for c in group]
     policy.model.zero_grad(set_to_none=True)
     per_row, mask_a = policy.token_logprobs(flat_p, flat_c)
@@ -57,7 +57,7 @@ def test_common_prefix_across_groups_changes_nothing(policy, common, rests, comp
     (a, mask_a, grads_a), (b, mask_b, grads_b) = _per_row_and_grouped(policy, prompts, comps, weights)
     assert torch.equal(mask_a, mask_b)
     assert torch.allclose(a, b, atol=1e-5)
-    for ga, gb in zip(grads_a, grads_b):
+    for ga, gb in zip(grads_a, grads_b, strict=True):
         assert torch.allclose(ga, gb, atol=1e-4)
 
 
@@ -83,7 +83,7 @@ def test_long_common_prefix_takes_the_three_pass_route(policy, monkeypatch):
     # (2 rows), completions opened by that last prompt token (4 rows)
     assert calls[1:] == [(1, len(stem) - 2), (2, 4), (4, 3)]
     assert torch.allclose(a, b, atol=1e-5)
-    for ga, gb in zip(grads_a, grads_b):
+    for ga, gb in zip(grads_a, grads_b, strict=True):
         assert torch.allclose(ga, gb, atol=1e-4)
 
 
@@ -118,7 +118,7 @@ def test_single_token_prompts_fall_back_to_the_unshifted_route(policy):
     (a, mask_a, grads_a), (b, mask_b, grads_b) = _per_row_and_grouped(policy, prompts, comps, weights)
     assert torch.equal(mask_a, mask_b)
     assert torch.allclose(a, b, atol=1e-5)
-    for ga, gb in zip(grads_a, grads_b):
+    for ga, gb in zip(grads_a, grads_b, strict=True):
         assert torch.allclose(ga, gb, atol=1e-4)
 
 

@@ -62,5 +62,22 @@ def test_rounds_write_files_and_resume_equals_uninterrupted(tmp_path):
     ]
     resumed.train()
     assert resumed.global_step == full.global_step and resumed.iteration == 3
-    for a, b in zip(full.policies, resumed.policies):
+    for a, b in zip(full.policies, resumed.policies, strict=True):
+        assert torch.allclose(a.logits, b.logits, atol=1e-6)
+
+
+def test_pause_between_rounds_resumes_at_the_next_round(tmp_path):
+    # the round loop is shared with MARLHFIterTrainer (learners.preference.iterative.run_rounds)
+    full = MADPOIterTrainer(_config(tmp_path / "a"), _team(), env_factory(a_fraction, 4))
+    full.train()
+    part = MADPOIterTrainer(_config(tmp_path / "b"), _team(), env_factory(a_fraction, 4))
+    part.train(stop_after_rounds=1)
+    assert part.iteration == 1 and part.pairs is None and not part.finished
+    ckpt = part.save_checkpoint()
+    resumed = MADPOIterTrainer(_config(tmp_path / "b"), _team(8, 9), env_factory(a_fraction, 4))
+    resumed.resume_from_checkpoint(ckpt)
+    assert resumed.iteration == 1 and resumed.global_step == part.global_step
+    resumed.train()
+    assert resumed.iteration == 3 and resumed.global_step == full.global_step
+    for a, b in zip(full.policies, resumed.policies, strict=True):
         assert torch.allclose(a.logits, b.logits, atol=1e-6)

@@ -17,8 +17,8 @@ def test_loss_value_is_exact():
     m0, m1 = torch.tensor([2.0, -1.0]), torch.tensor([0.5, 0.25])
     losses = agent_losses([m0, m1], beta=0.1)
     expected = [-math.log(1 / (1 + math.exp(-0.1 * d))) for d in (2.5, -0.75)]
-    for l in losses:
-        assert l.tolist() == pytest.approx(expected, rel=1e-6)
+    for loss in losses:
+        assert loss.tolist() == pytest.approx(expected, rel=1e-6)
 
 
 def test_each_agent_gradient_flows_only_through_its_own_margin():
@@ -88,5 +88,5 @@ def test_update_moves_only_the_trained_direction_and_micro_batching_agrees():
         assert (sum(after) > sum(before)).all()  # the joint margin grows on every pair
         results.append((out.loss, [p.logits.detach().clone() for p in pols]))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
-    for a, b in zip(results[0][1], results[1][1]):
+    for a, b in zip(results[0][1], results[1][1], strict=True):
         assert torch.allclose(a, b, atol=1e-6)

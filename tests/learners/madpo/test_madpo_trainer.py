@@ -62,12 +62,14 @@ def test_no_pairs_means_no_update(tmp_path):
     trainer = MADPOTrainer(_config(tmp_path), FakeTeam(pols), _env(lambda t, a, turn: 1.0))  # every candidate ties
     assert trainer.train() == {}
     assert trainer.pairs == [] and trainer.global_step == 0
-    assert all(torch.equal(a, p.logits) for a, p in zip(before, pols))
+    assert all(torch.equal(a, p.logits) for a, p in zip(before, pols, strict=True))
     assert any(h.get("preference/num_pairs") == 0.0 for h in trainer.history)
 
 
 def test_pairs_metrics_and_resume(tmp_path):
-    reward = lambda t, a, turn: (a["a0"] + a["a1"]).count("a") / max(1, len(a["a0"] + a["a1"]))
+    def reward(t, a, turn):
+        return (a["a0"] + a["a1"]).count("a") / max(1, len(a["a0"] + a["a1"]))
+
     counter = {"steps": 0, "batches": 0, "clones": 0, "resets": 0}
     trainer = MADPOTrainer(
         _config(tmp_path), FakeTeam([BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]), _env(reward, counter)
@@ -90,7 +92,7 @@ def test_pairs_metrics_and_resume(tmp_path):
     assert [p.to_record() for p in again.pairs] == [p.to_record() for p in pairs]
     again.train()
     assert again.global_step == trainer.global_step
-    for a, b in zip(final, again.policies):
+    for a, b in zip(final, again.policies, strict=True):
         assert torch.allclose(a, b.logits, atol=1e-6)
 
 
@@ -134,8 +136,8 @@ def test_madpo_raises_the_win_rate_on_writing(tmp_path):
     before = fresh_rewards(initial)
     trainer.train()
     after = fresh_rewards(trainer.policies)
-    wins = sum(a > b for a, b in zip(after, before)) / len(after)
-    losses = sum(a < b for a, b in zip(after, before)) / len(after)
+    wins = sum(a > b for a, b in zip(after, before, strict=True)) / len(after)
+    losses = sum(a < b for a, b in zip(after, before, strict=True)) / len(after)
     assert wins > losses + 0.15
     assert sum(after) / len(after) > sum(before) / len(before)
     accuracy = [h["preference/accuracy"] for h in trainer.history if "preference/accuracy" in h]

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from comlrl_core.policy import Completion, GenerationConfig, Policy
+from comlrl_core.policy import Completion, GenerationConfig, Policy, completion_seeds
 
 EOS = 0
 
@@ -36,12 +36,15 @@ class BigramPolicy(Policy):
     def generate(self, prompts, num_samples=1, generation_config=None, seed=None):
         cfg = generation_config or GenerationConfig(max_new_tokens=4)
         self.generate_calls.append((len(prompts), num_samples))
-        gen = torch.Generator().manual_seed(0 if seed is None else seed)
+        row_seeds = completion_seeds(seed, len(prompts), num_samples)
+        gen = torch.Generator().manual_seed(0 if seed is None or row_seeds else seed)
         out = []
-        for prompt in prompts:
+        for p, prompt in enumerate(prompts):
             p_ids = self.encode_prompt(prompt)
             samples = []
-            for _ in range(num_samples):
+            for s in range(num_samples):
+                if row_seeds:  # per-completion seeds: each completion draws from its own stream
+                    gen = torch.Generator().manual_seed(row_seeds[p * num_samples + s])
                 prev, toks, reason = p_ids[-1], [], "length"
                 for _ in range(cfg.max_new_tokens):
                     probs = torch.softmax(self.logits.detach()[prev] / max(cfg.temperature, 1e-3), -1)
@@ -61,7 +64,7 @@ class BigramPolicy(Policy):
         logp = torch.zeros(len(prompt_ids), width)
         mask = torch.zeros(len(prompt_ids), width, dtype=torch.long)
         rows = []
-        for p, c in zip(prompt_ids, completion_ids):
+        for p, c in zip(prompt_ids, completion_ids, strict=True):
             if not c:
                 rows.append(torch.zeros(width))
                 continue
@@ -150,7 +153,7 @@ class CountingEnv:
     @classmethod
     def step_many(cls, envs, actions_list):
         envs[0].counter["batches"] += 1
-        return [env.step(a) for env, a in zip(envs, actions_list)]
+        return [env.step(a) for env, a in zip(envs, actions_list, strict=True)]
 
     def clone(self):
         self.counter["clones"] += 1

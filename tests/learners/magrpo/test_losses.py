@@ -6,22 +6,10 @@ import pytest
 import torch
 from magrpo_fakes import BigramPolicy
 
-from comlrl_core.models.tokens import k3_kl, masked_sum, pad_sequences, truncate_after_eos
+from comlrl_core.models.tokens import k3_kl, masked_sum
 from learners.common.logprobs import accumulate_gradients, sequence_logprobs_nograd
-from learners.magrpo.losses import NonFiniteLossError, check_finite, group_pg_loss, sequence_pg_loss
-
-
-def test_pad_sequences_and_masks():
-    ids, mask = pad_sequences([[5, 6, 0], [7]], pad_value=9)
-    assert ids.tolist() == [[5, 6, 0], [7, 9, 9]]
-    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
-    ids, mask = pad_sequences([[5, 6], [7]], pad_value=9, side="left")
-    assert ids.tolist() == [[5, 6], [9, 7]] and mask.tolist() == [[1, 1], [0, 1]]
-
-
-def test_truncate_after_eos_keeps_eos():
-    assert truncate_after_eos([3, 4, 0, 0, 0], 0) == [3, 4, 0]
-    assert truncate_after_eos([3, 4], 0) == [3, 4]
+from learners.magrpo.losses import NonFiniteLossError, check_finite, sequence_pg_loss
+from learners.magrpo.update import loss_coefficients
 
 
 def test_loss_counts_eos_and_never_pads():
@@ -33,17 +21,23 @@ def test_loss_counts_eos_and_never_pads():
     assert logp.grad.tolist() == [[-1.0, -1.0, -1.0], [-2.0, 0.0, 0.0]]
 
 
-def test_group_loss_averages_over_the_group():
-    logp = torch.tensor([[-1.0], [-3.0]])
-    mask = torch.ones(2, 1)
-    assert group_pg_loss(logp, mask, [2.0, -1.0]).item() == pytest.approx((2.0 - 3.0) / 2)
+def test_loss_is_the_mean_over_groups_of_each_groups_mean():
+    # raw advantages = returns; group sizes 2 and 1 weigh the same
+    coef, adv_abs = loss_coefficients([[2.0, -1.0], [4.0]], "raw", False, num_groups=2)
+    assert coef.tolist() == pytest.approx([2.0 / 4, -1.0 / 4, 4.0 / 2])
+    assert adv_abs == pytest.approx((1.5 + 4.0) / 2)
+    logp = torch.tensor([[-1.0], [-3.0], [-2.0]])
+    mask = torch.ones(3, 1)
+    group_means = [(2.0 * 1.0 + -1.0 * 3.0) / 2, 4.0 * 2.0 / 1]  # -A * logp averaged per group
+    assert sequence_pg_loss(logp, mask, coef).item() == pytest.approx(sum(group_means) / 2)
 
 
 def test_gradient_pushes_toward_positive_advantage():
     policy = BigramPolicy(vocab=4)
     prompts, comps = [[1], [1]], [[2, 0], [3, 0]]
     logp, mask = policy.token_logprobs(prompts, comps)
-    group_pg_loss(logp, mask, [1.0, -1.0]).backward()
+    coef, _ = loss_coefficients([[1.0, -1.0]], "raw", False, num_groups=1)
+    sequence_pg_loss(logp, mask, coef).backward()
     with torch.no_grad():
         policy.logits -= 1.0 * policy.logits.grad
     new_logp, _ = policy.token_logprobs(prompts, comps)
@@ -98,7 +92,7 @@ def test_shared_prefix_scoring_equals_per_row_scoring():
     assert supports_shared_prefix(policy) and not supports_shared_prefix(BigramPolicy())
     prompts = [policy.encode_prompt("short"), policy.encode_prompt("a much longer prompt with more words")]
     comps = [[[5, 6, 7, 2], [8, 9]], [[10], [11, 12, 13, 14, 15]]]
-    flat_p = [p for p, group in zip(prompts, comps) for _ in group]
+    flat_p = [p for p, group in zip(prompts, comps, strict=True) for _ in group]
     flat_c = [c for group in comps for c in group]
     per_row, mask_a = policy.token_logprobs(flat_p, flat_c)
     (per_row * torch.arange(1.0, 5.0).unsqueeze(1)).sum().backward()
@@ -109,5 +103,5 @@ def test_shared_prefix_scoring_equals_per_row_scoring():
     (shared * torch.arange(1.0, 5.0).unsqueeze(1)).sum().backward()
     assert torch.equal(mask_a, mask_b)
     assert torch.allclose(per_row, shared, atol=1e-5)
-    for a, b in zip(grads_a, [p.grad for p in policy.parameters()]):
+    for a, b in zip(grads_a, [p.grad for p in policy.parameters()], strict=True):
         assert torch.allclose(a, b, atol=1e-4)

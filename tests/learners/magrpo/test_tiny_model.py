@@ -93,9 +93,9 @@ def test_resume_equals_uninterrupted_on_tiny_model(tmp_path, data_file, lora):
     resumed.resume_from_checkpoint()
     resumed.train()
     start = _params(_team(lora))
-    for a, b, s in zip(_params(straight_team), _params(resumed_team), start):
+    for a, b, _ in zip(_params(straight_team), _params(resumed_team), start, strict=True):
         assert torch.equal(a, b)
-    assert any(not torch.equal(a, s) for a, s in zip(_params(straight_team), start))
+    assert any(not torch.equal(a, s) for a, s in zip(_params(straight_team), start, strict=True))
 
 
 def test_cli_trains_logs_plots_and_resumes(tmp_path, data_file, capsys):

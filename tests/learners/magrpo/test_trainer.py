@@ -93,14 +93,25 @@ def test_logprobs_are_micro_batched(tmp_path):
     assert pol[0].logprob_calls == [5, 5, 2]
 
 
+class UnderflowingScorer(BigramPolicy):
+    """Samples like a BigramPolicy; scores through a low-precision round trip that
+    underflows, so every log-prob (hence the loss) is -inf while sampling stays valid."""
+
+    def token_logprobs(self, prompt_ids, completion_ids):
+        lp, mask = super().token_logprobs(prompt_ids, completion_ids)
+        return torch.log(torch.exp(lp * 1e4)) / 1e4, mask
+
+
 def test_nonfinite_loss_raises_naming_step_and_agent(tmp_path):
-    pol = [BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]
-    with torch.no_grad():
-        pol[1].logits[0, 0] = float("nan")
-        pol[1].logits[:, 0] = float("nan")
+    pol = [BigramPolicy(init_seed=1), UnderflowingScorer(init_seed=2)]
+    before = [p.logits.detach().clone() for p in pol]
     tr = _trainer(tmp_path, policies=pol, rollout_buffer_size=1, max_steps=2)
-    with pytest.raises((NonFiniteLossError, RuntimeError), match=r"step 0 for agent 1|probability"):
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss \((-inf|inf|nan)\) at step 0 for agent 1"):
         tr.train()
+    assert pol[1].generate_calls and pol[1].logprob_calls  # it sampled, then its loss was scored
+    assert tr.update_counts == [1, 0]  # agent 0 stepped; the guard stopped agent 1 before its step
+    assert not torch.equal(pol[0].logits.detach(), before[0])
+    assert torch.equal(pol[1].logits.detach(), before[1]) and pol[1].logits.grad is None
 
 
 def test_nonfinite_loss_skipped_and_counted(tmp_path):
@@ -167,5 +178,5 @@ def test_resume_equals_uninterrupted(tmp_path, buffer_size):
     tr2 = _trainer(tmp_path / "b", policies=resumed, num_turns=2, rollout_buffer_size=buffer_size, max_steps=4)
     assert tr2.resume_from_checkpoint() == ckpt and tr2.global_step == 2
     tr2.train()
-    for a, b in zip(straight, resumed):
+    for a, b in zip(straight, resumed, strict=True):
         assert torch.equal(a.logits.detach(), b.logits.detach())

@@ -63,7 +63,7 @@ def test_backend_trains_on_reward_model_scores_and_evaluates_on_task_reward(tmp_
     trainer.train()
     assert trainer.reward_model is not None and not any(p.requires_grad for p in trainer.reward_model.parameters())
     assert any("reward_model/accuracy" in h for h in trainer.history)
-    assert any(not torch.equal(b, p.logits) for b, p in zip(before, pols))  # the backend updated the team
+    assert any(not torch.equal(b, p.logits) for b, p in zip(before, pols, strict=True))  # the backend updated the team
     # during RL the team reward is the reward model's score ...
     env = trainer.backend.env
     env.reset(options={"task": 0})

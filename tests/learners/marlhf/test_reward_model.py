@@ -56,18 +56,18 @@ def test_fit_learns_the_preference(model):
 
     def margin():
         w = rm.score_joint([(p.prompts, p.winner_completions) for p in pairs])
-        l = rm.score_joint([(p.prompts, p.loser_completions) for p in pairs])
-        return sum(a - b for a, b in zip(w, l)) / len(pairs)
+        lose = rm.score_joint([(p.prompts, p.loser_completions) for p in pairs])
+        return sum(a - b for a, b in zip(w, lose, strict=True)) / len(pairs)
 
     before = margin()
     result = rm.fit(pairs, epochs=8, batch_size=3, learning_rate=1e-3, seed=0)
     assert result.accuracy == 1.0 and result.steps == 16
     assert margin() > before + 1.0
     held_out = PreferencePair(["task 9", "x"], ["good answer 9", "fine"], ["zzz 9", "qq"], 1.0, 0.0, 0.5)
-    w, l = rm.score_joint(
+    w, lose = rm.score_joint(
         [(held_out.prompts, held_out.winner_completions), (held_out.prompts, held_out.loser_completions)]
     )
-    assert w > l
+    assert w > lose
 
 
 def test_wrapper_replaces_the_team_reward_and_keeps_the_task_reward():

@@ -11,8 +11,9 @@ from fake_llm_server import FakeLLMServer
 from preference_fakes import FakeTeam, TextBigram, a_fraction, env_factory
 
 from comlrl_core.config.options import ConfigError
-from comlrl_core.models.simple_policies import CallablePolicy
+from comlrl_core.models.simple_policies import CallablePolicy, RemotePolicy
 from comlrl_core.policy import GenerationConfig
+from comlrl_core.remote.config import RemoteModelConfig
 from learners.madpo import MADPOIterConfig, MADPOIterTrainer
 from learners.preference.candidates import TaskCandidates
 from learners.preference.comparators import Comparator, centralized_prompt, parse_centralized
@@ -78,7 +79,9 @@ def test_api_comparator_in_every_format(tmp_path, fmt, monkeypatch):
     monkeypatch.setenv("FAKE_KEY", "sk-test")
     server = FakeLLMServer()
     try:
-        url = {"generic": server.generic_url, "anthropic": server.url}.get(fmt, server.base_url)
+        # the full endpoint URLs, as CoMLRL documents comparator_api_url
+        paths = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages", "openai_responses": "/v1/responses"}
+        url = server.url + paths.get(fmt, "/generate")
         # the comparator's answers contain many 'a's: it wins the comparisons on a_fraction
         cfg = _iter_config(
             tmp_path,
@@ -109,6 +112,57 @@ def test_api_comparator_in_every_format(tmp_path, fmt, monkeypatch):
         assert {p["target_raw_reward"], p["comparator_raw_reward"]} == set(p["raw_rewards"])
 
 
+def test_api_comparator_tells_generic_endpoints_the_agent_and_task():
+    class TaskEnv:
+        def task(self, index):
+            return {"task_id": f"T{index}", "tests": ("assert f() == 1",)}
+
+    server = FakeLLMServer()
+    try:
+        config = RemoteModelConfig(
+            format="generic", model="m", base_url=server.generic_url, api_key_env="", response_field="outputs"
+        )
+        policy = RemotePolicy(config)
+        comp = Comparator([policy, policy], ["a0", "a1"], kind="api")
+        tasks = [TaskCandidates(task=k, env=TaskEnv(), prompts=[f"t{k}a0", f"t{k}a1"]) for k in range(2)]
+        assert comp.sample(tasks, 2, GenerationConfig(max_new_tokens=5), [0, 1]) == 0
+        comp.close()
+    finally:
+        server.close()
+    assert len(server.requests) == 4  # one per (agent, task), each asking for both candidates
+    for req in server.requests:
+        k, i = int(req.body["prompt"][1]), int(req.body["prompt"][-1])
+        assert req.body["agent_idx"] == i and req.body["num_return_sequences"] == 2
+        assert req.body["batch_item"] == {"task_id": f"T{k}", "tests": ["assert f() == 1"]}
+        assert req.body["max_new_tokens"] == 5
+    for k, task in enumerate(tasks):
+        assert [[t.split("|")[1] for t in c.completions] for c in task.candidates] == [[f"t{k}a0", f"t{k}a1"]] * 2
+        assert task.prompt_ids is None and all(c.token_ids is None for c in task.candidates)
+
+
+@pytest.mark.parametrize("alias", ["responses", "codex", "openai_responses"])
+def test_comparator_api_format_accepts_comlrls_aliases(tmp_path, alias):
+    cfg = _iter_config(
+        tmp_path,
+        comparator_policy="api",
+        comparator_api_format=alias,
+        comparator_api_url="https://api.openai.com/v1/responses",
+        comparator_api_model="m",
+    )
+    assert cfg.comparator_api_format == "openai_responses"
+
+
+def test_comparator_api_format_unknown_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="comparator_api_format"):
+        _iter_config(
+            tmp_path,
+            comparator_policy="api",
+            comparator_api_format="gopher",
+            comparator_api_url="http://h/x",
+            comparator_api_model="m",
+        )
+
+
 def test_history_comparator_loads_once_per_round(tmp_path):
     cfg = _iter_config(tmp_path, comparator_policy="history", comparator_history_k=1, num_iterations=3)
     trainer = MADPOIterTrainer(
@@ -120,6 +174,8 @@ def test_history_comparator_loads_once_per_round(tmp_path):
     trainer.train()
     assert loads == [1, 2, 3]  # once per round, not per task
     assert trainer.comparator_loads == 3
+    logged = [h["iter/comparator_loads"] for h in trainer.history if "iter/comparator_loads" in h]
+    assert logged == [1.0, 2.0, 3.0]  # the running count, in each round's metrics
     ckpts = sorted(p.name for p in (tmp_path / "run" / "policy_checkpoints").iterdir())
     assert ckpts == ["iteration_0000", "iteration_0001", "iteration_0002", "iteration_0003"]
     assert real(1).name == "iteration_0000" and real(3).name == "iteration_0002"

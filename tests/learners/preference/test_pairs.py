@@ -22,17 +22,17 @@ def test_pairs_are_untied_winner_better_and_limited(rewards, mode, limit, seed):
     if mode == "all":
         limit = None
     pairs = select_pairs(rewards, mode, limit, random.Random(seed))
-    eligible = {(w, l) for w in range(len(rewards)) for l in range(len(rewards)) if rewards[w] > rewards[l]}
+    eligible = {(w, lose) for w in range(len(rewards)) for lose in range(len(rewards)) if rewards[w] > rewards[lose]}
     assert len(set(pairs)) == len(pairs)
     assert set(pairs) <= eligible
-    assert all(rewards[w] > rewards[l] for w, l in pairs)  # ties never
+    assert all(rewards[w] > rewards[lose] for w, lose in pairs)  # ties never
     expected = len(eligible) if limit is None else min(limit, len(eligible))
     assert len(pairs) == expected
     if mode == "all":
         assert pairs == sorted(eligible)
     if mode == "reward_gap" and pairs:
-        kept = min(rewards[w] - rewards[l] for w, l in pairs)
-        dropped = [rewards[w] - rewards[l] for w, l in eligible - set(pairs)]
+        kept = min(rewards[w] - rewards[lose] for w, lose in pairs)
+        dropped = [rewards[w] - rewards[lose] for w, lose in eligible - set(pairs)]
         assert all(g <= kept for g in dropped)  # the largest gaps are the ones kept
 
 

@@ -43,7 +43,7 @@ def test_apportion_is_exact_up_to_rounding(total, weights):
         assert counts == [0] * len(weights)
         return
     assert sum(counts) == total
-    for c, w in zip(counts, weights):
+    for c, w in zip(counts, weights, strict=True):
         assert abs(c - total * w / wsum) < 1 + 1e-9
         if w == 0:
             assert c == 0

@@ -79,3 +79,124 @@ def test_packs_the_weights_as_they_are_when_the_block_opens():
         after_plain = policy.model(input_ids=ids).logits
     assert not torch.allclose(before, after_packed)
     assert torch.allclose(after_plain, after_packed, atol=1e-4)
+
+
+# -- probes, fallbacks and other people's hooks ---------------------------------------------
+
+
+@pytest.fixture
+def fresh_probes():
+    """Each test probes afresh and leaves no switched-off path behind."""
+    packed_linear.unavailable_reason.cache_clear()
+    packed_linear._broken.clear()
+    yield
+    packed_linear.unavailable_reason.cache_clear()
+    packed_linear._broken.clear()
+
+
+def _private_op(mixed: str) -> tuple[object, str]:
+    return (torch.ops.mkldnn, "_reorder_linear_weight") if mixed == "bf16" else (torch.ops.mkl, "_mkl_linear")
+
+
+def _raising(*args, **kwargs):
+    raise RuntimeError("private op changed its schema")
+
+
+def _samples(policy: TransformersPolicy) -> list[list[list[int]]]:
+    cfg = GenerationConfig(max_new_tokens=8, temperature=0.0)
+    return [[c.token_ids for c in row] for row in policy.generate(PROMPTS, num_samples=2, generation_config=cfg)]
+
+
+@pytest.mark.parametrize("mixed", ["no", "bf16"])
+def test_a_failing_probe_keeps_the_plain_layers_and_says_why(mixed, fresh_probes, monkeypatch, caplog):
+    if not _available(mixed):
+        pytest.skip("packing backend not in this torch build / CPU")
+    policy = _policy(mixed)
+    expected = _samples(policy)
+    packed_linear.unavailable_reason.cache_clear()
+    monkeypatch.setattr(*_private_op(mixed), _raising)
+    with caplog.at_level("INFO", logger=packed_linear.__name__):
+        assert not _available(mixed)
+        with _autocast(mixed), packed_linear.prepacked_linears(policy.model, rows=6) as active:
+            assert not active
+        assert _samples(policy) == expected
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1  # probed once, however often packing is asked for
+    assert "linear weights are off" in messages[0] and "private op changed its schema" in messages[0]
+
+
+def test_an_op_failing_while_decoding_switches_packing_off(fresh_probes, monkeypatch, caplog):
+    if not _available("no"):
+        pytest.skip("MKL packing not in this torch build")
+    policy = _policy()
+    expected = _samples(policy)
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", _raising)  # the probe passed before this
+    with caplog.at_level("WARNING", logger=packed_linear.__name__):
+        assert _samples(policy) == expected  # every failed call went to the plain layer
+        assert _samples(policy) == expected
+    assert torch.float32 in packed_linear._broken
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "off from now on" in warnings[0]
+    with packed_linear.prepacked_linears(policy.model, rows=6) as active:
+        assert not active
+
+
+def test_a_packing_failure_on_the_model_leaves_no_layer_patched(fresh_probes, monkeypatch, caplog):
+    if not _available("no"):
+        pytest.skip("MKL packing not in this torch build")
+    policy = _policy()
+    calls = []
+
+    def fail_on_third(weight, rows):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("cannot pack this weight")
+        return real(weight, rows)
+
+    real = torch.ops.mkl._mkl_reorder_linear_weight
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_reorder_linear_weight", fail_on_third)
+    with caplog.at_level("WARNING", logger=packed_linear.__name__):
+        with packed_linear.prepacked_linears(policy.model, rows=6) as active:
+            assert not active
+            assert not any("forward" in m.__dict__ for m in policy.model.modules())
+    assert "cannot pack this weight" in caplog.text
+
+
+def test_layers_with_an_accelerate_hook_keep_it(fresh_probes):
+    if not _available("no"):
+        pytest.skip("MKL packing not in this torch build")
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    class CountingHook(ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            CountingHook.calls += 1
+            return args, kwargs
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    add_hook_to_module(model[0], CountingHook())
+    hooked_forward = model[0].forward
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        plain = model(x)
+        with packed_linear.prepacked_linears(model, rows=3) as active:
+            assert active  # the layer without a hook is packed
+            assert isinstance(model[1].__dict__["forward"], packed_linear._PackedForward)
+            assert model[0].__dict__["forward"] is hooked_forward
+            packed = model(x)
+    assert model[0].__dict__["forward"] is hooked_forward and hasattr(model[0], "_hf_hook")
+    assert torch.allclose(plain, packed, atol=1e-5)
+    calls = CountingHook.calls
+    with torch.no_grad():
+        model(x)
+    assert CountingHook.calls == calls + 1  # the hook still runs after the block
+
+
+@pytest.mark.parametrize("mixed", ["no", "bf16"])
+def test_the_probes_agree_inside_and_outside_autocast(mixed, fresh_probes):
+    outside = _available(mixed)
+    packed_linear.unavailable_reason.cache_clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _available(mixed) == outside

@@ -1,0 +1,33 @@
+"""The seeding rule of evaluation episodes.
+
+An episode's randomness depends only on ``(seed, task index, sample index)`` (its env
+reset) and ``(seed, task index, sample index, turn, agent index)`` (each generation), so
+evaluating a subset or a superset of the tasks, or in other batches, gives every episode
+the same draws. Seeds come from :func:`derive_seed`, the same derivation as the
+learners' ``learners.common.seeding.derive_seed``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["derive_seed", "episode_seed", "generation_seed"]
+
+# Seed-path tags keep the two streams of an episode apart.
+_RESET, _GENERATE = 1, 2
+
+
+def derive_seed(base: int, *keys: int) -> int:
+    """A seed in ``[0, 2**31)`` that depends on ``base`` and every key, order included."""
+    entropy = [int(base) & 0xFFFFFFFF] + [int(k) & 0xFFFFFFFF for k in keys]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def episode_seed(seed: int, task: int, sample: int) -> int:
+    """The ``env.reset`` seed of sample ``sample`` of task ``task``."""
+    return derive_seed(seed, _RESET, task, sample)
+
+
+def generation_seed(seed: int, task: int, sample: int, turn: int, agent: int) -> int:
+    """The seed of agent ``agent``'s completion at turn ``turn`` (1-based) of that episode."""
+    return derive_seed(seed, _GENERATE, task, sample, turn, agent)
