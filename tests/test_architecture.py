@@ -32,6 +32,8 @@ CORE_PARTS = {
     "run": {"contracts", "config", "run"},
     "models": {"contracts", "config", "remote", "run", "models"},
     "episodes": {"contracts", "config", "remote", "run", "models", "episodes"},
+    # the `comlrl` command sits on top: it maps any part's errors to exit codes
+    "cli": {"contracts", "config", "remote", "run", "models", "episodes", "cli"},
 }
 CORE_FACADE = "comlrl_core"  # comlrl_core/__init__.py re-exports the public names of every part
 
@@ -47,6 +49,9 @@ def package_modules() -> dict[str, pathlib.Path]:
     return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
+KNOWN_MODULES = set(package_modules())
+
+
 def imported_modules(path: pathlib.Path, name: str) -> Iterator[str]:
     """Absolute names of every module ``path`` imports (relative imports resolved)."""
     is_package = path.name == "__init__.py"
@@ -60,9 +65,12 @@ def imported_modules(path: pathlib.Path, name: str) -> Iterator[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            yield module
-            # `from pkg import sub` imports the submodule pkg.sub when there is one
-            yield from (f"{module}.{alias.name}" for alias in node.names)
+            submodules = [f"{module}.{alias.name}" for alias in node.names]
+            # `from pkg import sub` needs the submodule, not the rest of pkg's __init__ (which
+            # may be the importer's own package, half-initialised); other names need pkg itself
+            if not all(s in KNOWN_MODULES for s in submodules):
+                yield module
+            yield from (s for s in submodules if s in KNOWN_MODULES)
 
 
 def core_part(module: str) -> str:
@@ -70,6 +78,8 @@ def core_part(module: str) -> str:
     parts = module.split(".")
     if len(parts) >= 2 and (ROOT / "comlrl_core" / parts[1]).is_dir():
         return parts[1]
+    if module == "comlrl_core.cli":
+        return "cli"
     return "contracts"
 
 
