@@ -196,7 +196,7 @@ def _compile_tests(tests, per_assert):
     """
     if tests is None:
         return []
-    units = []
+    units: list[tuple[str, object, str, Exception | None]] = []
     if isinstance(tests, str):
         linecache.cache["<tests>"] = (len(tests), None, tests.splitlines(True), "<tests>")
         if not per_assert:
@@ -304,7 +304,8 @@ def _launch(program, units, runner, namespace, seed_box):
     tokens are held only by C-level iterator objects that no Python name or attribute
     reaches (``gc`` is refused).
     """
-    call, partial, compress = operator.call, functools.partial, itertools.compress
+    # methodcaller rather than operator.call (Python 3.11+): the process backend runs the host's 3.10+
+    call, partial, compress = operator.methodcaller("__call__"), functools.partial, itertools.compress
     flatten, write, seed = itertools.chain.from_iterable, os.write, seed_box.pop()
     stop = object()
     per_unit = []

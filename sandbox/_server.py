@@ -232,7 +232,8 @@ def _parse_verdict(raw, seed, per_assert):
     if not (type(head) is tuple and len(head) == 3 and head[0] == "plan" and type(head[1]) is list):
         return None, True
     plan, n_units = head[1], head[2]
-    passed, details = set(), {}
+    passed: set[int] = set()
+    details: dict[int, tuple] = {}
     for line in lines[1:]:
         if line.startswith(b"T"):
             unit_text, _, token = line[1:].partition(b":")
@@ -263,7 +264,7 @@ def _combine(plan, n_units, passed, details, per_assert):
         extra = {"phase": "program", "traceback": trace}
         return {"status": status, "error_type": etype, "error_message": emsg, "asserts": None, "extra": extra}, False
     status, etype, emsg, trace = "passed", None, None, ""
-    outcomes = [] if per_assert else None
+    outcomes: list[dict] | None = [] if per_assert else None
     for unit in range(1, n_units + 1):
         text, kind = plan[unit - 1] if unit <= len(plan) else ("", "check")
         if unit in passed:

@@ -119,7 +119,9 @@ class DockerWorker(Worker):
         super().__init__()
         self._frames = bytearray()
         self._stderr_tail = bytearray()
-        self._sock = self._raw = None
+        # docker's attach socket and the raw socket under it (the docker library is untyped)
+        self._sock: Any = None
+        self._raw: Any = None
         server_cfg = dict(config.server_config(), work_root="/tmp", clean_dirs=["/tmp", "/dev/shm"], container=True)
         self.container = client.containers.create(
             image,

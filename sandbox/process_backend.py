@@ -169,7 +169,8 @@ class ProcessWorker(Worker):
         proc, self._proc = self._proc, None
         if proc is not None:
             try:
-                proc.stdin.close()  # EOF: the server returns from its loop
+                if proc.stdin is not None:  # started with stdin=PIPE
+                    proc.stdin.close()  # EOF: the server returns from its loop
                 proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 pass

@@ -39,12 +39,19 @@ _fallback_warned = False
 _stale_checked = False
 
 
+def _pool_size(config: SandboxConfig) -> int:
+    """The resolved pool size (``SandboxConfig.__post_init__`` replaces None by the default)."""
+    if config.pool_size is None:
+        raise ValueError("SandboxConfig.pool_size is unresolved; build the config through SandboxConfig(...)")
+    return config.pool_size
+
+
 def _docker_setup(config: SandboxConfig):
     """(client, image) when Docker is usable; SandboxUnavailable otherwise."""
     global _stale_checked
     from . import docker_backend, image
 
-    client = image.docker_client(max_pool_size=config.pool_size + 8)
+    client = image.docker_client(max_pool_size=_pool_size(config) + 8)
     client.api.timeout = max(120, config.start_timeout)
     tag = config.image or image.image_tag()
     if not image.image_exists(client, tag):
@@ -109,6 +116,8 @@ class Sandbox:
         if self.backend == "docker":
             from .docker_backend import DockerWorker
 
+            if self._image is None:
+                raise SandboxUnavailable("the Docker backend has no image; this Sandbox was set up for processes")
             return DockerWorker(self._client, self._image, self.config, self._pool_id)
         from .process_backend import ProcessWorker
 
@@ -128,7 +137,7 @@ class Sandbox:
                     self._discard(worker)  # died while idle (killed from outside): replace it
                     continue
             with self._lock:
-                grow = len(self._workers) < self.config.pool_size
+                grow = len(self._workers) < _pool_size(self.config)
                 if grow:
                     placeholder = object()  # reserve the slot while the worker starts
                     self._workers.add(placeholder)  # type: ignore[arg-type]
@@ -151,10 +160,10 @@ class Sandbox:
             worker = self._start_worker()
         except BaseException:
             with self._lock:
-                self._workers.discard(placeholder)  # type: ignore[arg-type]
+                self._workers.discard(placeholder)
             raise
         with self._lock:
-            self._workers.discard(placeholder)  # type: ignore[arg-type]
+            self._workers.discard(placeholder)
             self._workers.add(worker)
         return worker
 
@@ -207,7 +216,7 @@ class Sandbox:
     # -- public API ------------------------------------------------------------------
     def start(self) -> "Sandbox":
         """Start every pool worker now (in parallel) instead of on first use."""
-        workers = list(self._pool_executor().map(lambda _: self._acquire(), range(self.config.pool_size)))
+        workers = list(self._pool_executor().map(lambda _: self._acquire(), range(_pool_size(self.config))))
         for worker in workers:
             self._release(worker)
         return self
@@ -224,7 +233,7 @@ class Sandbox:
             jobs.put((index, program, 0))
         results: list[Result | None] = [None] * len(batch)
         executor = self._pool_executor()
-        slots = [executor.submit(self._serve, jobs, results) for _ in range(min(self.config.pool_size, len(batch)))]
+        slots = [executor.submit(self._serve, jobs, results) for _ in range(min(_pool_size(self.config), len(batch)))]
         for slot in slots:
             slot.result()
         assert all(r is not None for r in results), "a program was left without a result"

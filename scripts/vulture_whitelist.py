@@ -19,9 +19,12 @@ from comlrl_core.episodes.evaluation import TaskResult
 from comlrl_core.models.model_source import known_aliases
 from comlrl_core.models.team import Team
 from comlrl_core.policy import Policy
+from comlrl_core.remote.client import RemoteModelClient
+from comlrl_core.run.metrics import MetricsLogger
 from envs.base import TextParallelEnv
+from envs.code.program import reference_solution
 from learners.actor_critic.ac_trainer import UpdateRecord
-from learners.common.distributed import DistributedContext
+from learners.common.distributed import DistributedContext, NullLogger
 from learners.common.trainer_utils import TrainerCommon
 from learners.magrpo.groups import NodeGroup
 from sandbox.sandbox import Sandbox
@@ -75,3 +78,13 @@ def _instance_attributes(  # vulture: ignore_names in pyproject.toml
     group.mean_reward
     group.mean_return
     record.num_episodes
+
+
+RemoteModelClient.complete_batch  # in the client's usage summary (comlrl_core/remote/client.py)
+MetricsLogger.log_text  # MetricsLogger is exported by comlrl_core; docs/logging.md
+MetricsLogger.log_table
+NullLogger.log_text  # the non-zero ranks' stand-in must offer the same methods
+NullLogger.log_table
+# A task's known-good answer as a CoopCode program: bench/env_step.py and the tests score it
+# to check the env and the sandbox (a harness a user needs too, e.g. to validate a new task set).
+reference_solution

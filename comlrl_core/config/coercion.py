@@ -34,6 +34,7 @@ import yaml
 
 __all__ = [
     "ConfigError",
+    "YamlDumper",
     "YamlLoader",
     "build_dataclass",
     "coerce",
@@ -69,18 +70,24 @@ class YamlLoader(yaml.SafeLoader):
     """
 
 
-YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+class YamlDumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string :class:`YamlLoader` would read back as a float.
+
+    Without it a string such as ``"0E0"`` (a dict key, a run name) is written bare and comes
+    back as the float 0.0.
+    """
+
+
+_YAML_FLOAT_PATTERN = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
         |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
         |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
         |[-+]?\.(?:inf|Inf|INF)
         |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
+    re.X,
 )
+for _yaml_class in (YamlLoader, YamlDumper):
+    _yaml_class.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_FLOAT_PATTERN, list("-+0123456789."))
 
 
 class _Quoted(str):

@@ -34,6 +34,7 @@ import yaml
 
 from comlrl_core.config.coercion import (
     ConfigError,
+    YamlDumper,
     YamlLoader,
     build_dataclass,
     coerce,
@@ -215,7 +216,7 @@ class BaseConfig:
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         # allow_unicode=False: PyYAML mis-writes some line-break characters (e.g. U+0085) raw.
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=False, width=math.inf)
+        text = yaml.dump(self.to_dict(), Dumper=YamlDumper, sort_keys=False, allow_unicode=False, width=math.inf)
         path.write_text(text, encoding="utf-8")
         return path
 

@@ -57,8 +57,12 @@ def _default_cache_root() -> str:
 
 
 def _recipe_key() -> str:
+    import transformers
+
+    # a folder saved by one transformers major version may not load in another (tokenizer classes)
+    transformers_major = transformers.__version__.split(".")[0]
     recipe = json.dumps(
-        [_RECIPE_VERSION, TINY_CONFIG, _VOCAB_SIZE, _SEED, _SPECIAL_TOKENS, _CHAT_TEMPLATE],
+        [_RECIPE_VERSION, TINY_CONFIG, _VOCAB_SIZE, _SEED, _SPECIAL_TOKENS, _CHAT_TEMPLATE, transformers_major],
         sort_keys=True,
     )
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]

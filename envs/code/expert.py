@@ -60,9 +60,6 @@ def provider_config(model: str) -> dict[str, Any] | None:
     return None
 
 
-DEFAULT_EXPERT_CONFIG: dict[str, Any] = provider_config(DEFAULT_EXPERT_MODEL) or {}
-
-
 class ExpertError(RuntimeError):
     """The expert could not propose edits."""
 

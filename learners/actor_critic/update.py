@@ -50,7 +50,6 @@ def minibatches(turns: Sequence[int], batch_size: int | None, rng: random.Random
 class StepResult:
     actor_loss: float | None  # mean per-sample actor loss of the batch
     value_loss: float | None  # mean per-sample (clipped) squared error
-    value_mean: float | None
 
 
 def optimize_batch(
@@ -78,7 +77,7 @@ def optimize_batch(
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     n = len(batch)
-    actor_sum = value_sum = value_est = 0.0
+    actor_sum = value_sum = 0.0
     for start in range(0, n, micro_batch_size):
         idx = list(batch[start : start + micro_batch_size])
         loss = torch.zeros(())
@@ -99,7 +98,6 @@ def optimize_batch(
                 value_clip_range,
             )
             value_sum += float(terms.detach().sum())
-            value_est += float(values.detach().sum())
             loss = loss.to(terms.device) + value_loss_coef * terms.sum()
         loss = loss / n
         try:
@@ -118,5 +116,4 @@ def optimize_batch(
     return StepResult(
         actor_sum / n if policy is not None else None,
         value_sum / n if critic is not None else None,
-        value_est / n if critic is not None else None,
     )

@@ -31,7 +31,8 @@ from learners.preference.pref_config import PreferenceConfig
 from learners.preference.records import PreferencePair
 
 # Seed-path tags: keep the random streams of different purposes apart.
-COLLECT, RESET, SELECT, SHUFFLE, EVAL, COMPARATOR, REPLAY = 11, 12, 13, 14, 15, 16, 17
+COLLECT, RESET, SELECT, SHUFFLE = 11, 12, 13, 14
+COMPARATOR, REPLAY = 16, 17  # 15 was the evaluation stream's tag; kept free so seeds stay as they were
 
 
 class PreferenceTrainerBase(TrainerCommon):

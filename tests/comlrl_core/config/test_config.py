@@ -366,3 +366,11 @@ def test_yaml_round_trip_property(cfg: MAGRPOConfig) -> None:
 def test_number_override_round_trip(value: float, count: int) -> None:
     cfg = MAGRPOConfig().with_overrides([f"learning_rate={value!r}", f"seed={count}"])
     assert cfg.learning_rate == value and cfg.seed == count
+
+
+@pytest.mark.parametrize("key", ["0E0", "1e-5", "-3E4", "7"])
+def test_yaml_keeps_strings_that_read_like_numbers(key: str, tmp_path: pathlib.Path) -> None:
+    # found by the round-trip property: a bare "0E0" came back as the float 0.0
+    cfg = MAGRPOConfig(reward_weights={key: 1.0})
+    path = cfg.to_yaml(tmp_path / "cfg.yaml")
+    assert MAGRPOConfig.from_yaml(path).reward_weights == {key: 1.0}
