@@ -56,11 +56,13 @@ def _default_cache_root() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "comlrl")
 
 
-def _recipe_key() -> str:
-    import transformers
+def _recipe_key(transformers_version: str | None = None) -> str:
+    if transformers_version is None:
+        import transformers
 
+        transformers_version = transformers.__version__
     # a folder saved by one transformers major version may not load in another (tokenizer classes)
-    transformers_major = transformers.__version__.split(".")[0]
+    transformers_major = transformers_version.split(".")[0]
     recipe = json.dumps(
         [_RECIPE_VERSION, TINY_CONFIG, _VOCAB_SIZE, _SEED, _SPECIAL_TOKENS, _CHAT_TEMPLATE, transformers_major],
         sort_keys=True,
