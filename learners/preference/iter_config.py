@@ -6,7 +6,8 @@ Names follow CoMLRL's iterative configs. Differences, on purpose:
   one request per candidate where the API needs it); the key is read from the variable
   named by ``comparator_api_key_env`` only -- a literal key option does not exist, so
   configs can be logged and saved safely.
-* ``comparator_devices`` is a list (one device for every agent, or one per agent).
+* ``comparator_devices`` is one device (a string or a one-item list) for every agent, or a list
+  with one device per agent.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ class IterativeOptions(BaseConfig):
     comparator_centralized_agent_index: int = option(0, help="centralized: which agent's comparator writes")
     comparator_model_name: str | None = option(None, help="model: one model source for every comparator agent")
     comparator_agents: list[str] | None = option(None, help="model: one model source per agent")
-    comparator_devices: list[str] | None = option(
-        None, help="current_copy / model / history: one device, or one per agent"
+    comparator_devices: list[str] | str | None = option(
+        None, help="current_copy / model / history: one device (a string, as CoMLRL documents), or one per agent"
     )
     comparator_num_candidates: int | None = option(
         None, help="comparator candidates per task (None: preference_num_candidates)"
@@ -81,6 +82,8 @@ class IterativeOptions(BaseConfig):
 
     def validate(self) -> None:
         super().validate()
+        if isinstance(self.comparator_devices, str):  # comparator_devices=cuda:1 (CoMLRL's form)
+            self.comparator_devices = [self.comparator_devices]
         check_positive("num_iterations", self.num_iterations)
         try:
             check_replay_options(
