@@ -115,12 +115,6 @@ def test_packages_import_only_what_the_design_allows(package: str) -> None:
     assert not bad, f"{package} may import only {sorted(ALLOWED_PACKAGES[package])}:\n" + "\n".join(sorted(set(bad)))
 
 
-def test_learners_reach_envs_only_through_the_registry() -> None:
-    # the package rule above already forbids `import envs` in learners; sandbox too
-    offenders = [m for m, deps in EDGES.items() if m.startswith("learners") and any(d.startswith("envs") for d in deps)]
-    assert offenders == []
-
-
 def test_comlrl_core_parts_respect_their_layers() -> None:
     bad = []
     for module, deps in EDGES.items():
