@@ -28,14 +28,30 @@ FinishReason = Literal["eos", "length", "stop", "error"]
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Sampling settings. ``temperature == 0`` means greedy decoding."""
+    """Sampling settings. ``temperature == 0`` means greedy decoding.
+
+    ``stop``: strings that end a completion: its text is cut before the first one and
+    its ``token_ids`` after the token that completed it (``finish_reason == "stop"``).
+
+    ``max_batch_tokens`` bounds the memory of one batched sampling call: a policy that
+    batches splits its rows into calls of at most that many ``rows * (prompt + new)``
+    tokens (the KV cache grows with it: about 46 KB a token for SmolLM2-135M in fp32). A
+    resource hint, not a sampling setting: with per-completion seeds the samples are the
+    same whatever the split. None: one call for all rows.
+    """
 
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k filtering
+    stop: Sequence[str] = ()  # stored as a tuple
+    max_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)  # frozen: a list from JSON / YAML becomes a tuple
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -44,6 +60,8 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1 or None (no limit), got {self.max_batch_tokens}")
 
 
 @dataclass

@@ -14,6 +14,10 @@ Before any model loads, the command checks the options (finite, in range), that
 that the models resolve, and with ``--resume`` that the newest checkpoint is intact (a
 damaged one is named and kept; ``--resume-skip-corrupt`` falls back past it). Bad input
 ends with one or two lines and exit code 2; ``--debug`` shows the traceback.
+
+``comlrl export DIR --out OUT`` writes a run's agents (from a checkpoint folder, or a run
+folder's latest checkpoint) as Hugging Face folders: merged models, or with
+``--adapters-only`` portable PEFT adapters (see :mod:`comlrl_core.models.export`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 from comlrl_core.cli import UsageError, add_debug_flag
 from learners.catalog import ALGORITHMS, learner_classes
 
-__all__ = ["ALGORITHMS", "add_commands", "learner_classes", "run_train"]
+__all__ = ["ALGORITHMS", "add_commands", "learner_classes", "run_export", "run_train"]
 
 
 def add_commands(subparsers: Any) -> None:
@@ -55,6 +59,45 @@ def add_commands(subparsers: Any) -> None:
         p.add_argument("overrides", nargs="*", metavar="key=value", help="option overrides")
         p.set_defaults(func=run_train)
     train.set_defaults(func=lambda args: (train.print_help(), 2)[1])
+    _add_export(subparsers)
+
+
+def _add_export(subparsers: Any) -> None:
+    text = (
+        "write a trained run's agents as Hugging Face folders: merged models that "
+        "AutoModelForCausalLM.from_pretrained loads, or with --adapters-only portable PEFT adapters"
+    )
+    p = subparsers.add_parser("export", help=text, description=text)
+    p.add_argument("checkpoint", metavar="DIR", help="a checkpoint folder, or a run folder (its latest checkpoint)")
+    p.add_argument("--out", required=True, help="new (or empty) folder to write agent_<i>/ folders into")
+    p.add_argument(
+        "--adapters-only",
+        action="store_true",
+        help="LoRA agents as PEFT adapter folders (base recorded as a hub id or alias) instead of merged models",
+    )
+    p.add_argument(
+        "--base-model",
+        default=None,
+        help="with --adapters-only: the base's hub id or alias to record (default: the run's, when portable)",
+    )
+    add_debug_flag(p)
+    p.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """``comlrl export DIR --out OUT``: see :mod:`comlrl_core.models.export`."""
+    from comlrl_core.models.export import export_checkpoint
+    from comlrl_core.run.checkpoint import CheckpointError
+
+    try:
+        exported = export_checkpoint(
+            args.checkpoint, args.out, adapters_only=args.adapters_only, base_model=args.base_model
+        )
+    except (CheckpointError, FileExistsError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    for agent in exported:
+        print(f"{agent.name}: {agent.kind} -> {agent.folder}")
+    return 0
 
 
 def build_config(algorithm: str, config_path: str | None, overrides: list[str]):

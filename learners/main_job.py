@@ -1,17 +1,23 @@
 """``comlrl main``: the library's main job, end to end, on an embedded default.
 
 It trains two SmolLM2-135M-Instruct agents (one shared frozen base, one LoRA adapter
-each) with MAGRPO on ``comlrl/CoopCode-v0`` (HumanEval, ``level_feedback``, 2 turns,
-Docker sandbox), evaluating the team before and after training on held-out problems.
+each) with MAGRPO on ``comlrl/CoopCode-v0`` (the package's easy cooperative problem set,
+``level_feedback``, 2 turns, Docker sandbox), evaluating the team before and after training
+on held-out problems: tasks ``0:48`` train, ``48:`` (24 problems x 2 samples) held out.
 The defaults are sized to finish within about 20 minutes on 2 CPU cores; on a machine
 with CUDA the same command places the agents on the GPU (``magrpo.device=None`` means
 CUDA when present).
 
 The run folder (``--out``, default ``runs/main``) receives:
 
-* ``metrics.jsonl`` -- training and evaluation metrics (``turn_t/reward_mean``, ``eval/...``);
-* ``reward_curve.png`` and ``pass_at_k.png`` -- the training reward and pass@k before/after;
-* ``eval.md`` and ``eval.json`` -- the evaluation table (before, after, change);
+* ``metrics.jsonl`` -- training and evaluation metrics (``turn_t/reward_mean``, ``level/...``,
+  ``eval/...``);
+* ``eval_episodes.jsonl`` -- every held-out episode of each evaluation (the pairing data);
+* ``reward_curve.png`` -- the training team reward (raw and smoothed) and each reward level
+  per step; ``eval_components.png`` -- the held-out metrics before / after and the
+  difference with its paired bootstrap 95% interval;
+* ``eval.md`` and ``eval.json`` -- the evaluation table (before, after, difference, 95%
+  interval), the episode count, the seed and the command;
 * ``checkpoints/`` -- the final checkpoint (adapters, optimizers, RNG states, cursor);
 * ``config.yaml`` -- the exact options of the run.
 
@@ -24,13 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import shlex
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from comlrl_core.cli import add_debug_flag
 from comlrl_core.config.options import BaseConfig, ConfigError, check_positive, option
+from comlrl_core.episodes.intervals import DiffInterval, compare_episode_rows
+from learners.common.evaluation import read_eval_episodes
 from learners.common.options import report_to_backends
 from learners.common.preflight import check_output_dir
 from learners.magrpo.magrpo_config import MAGRPOConfig
@@ -53,7 +62,12 @@ def _default_magrpo() -> MAGRPOConfig:
         agent_learning_rate=2e-4,
         rollout_buffer_size=2,
         max_steps=4,
-        train_task_slice="0:144",
+        # memory: at most 1024 padded tokens per training forward (about 1.3 GB of LoRA
+        # activations for SmolLM2-135M) and 8192 tokens per sampling call (KV cache about
+        # 0.4 GB): the job's peak RSS stays within 2.5 GiB (docs/performance.md)
+        logprob_token_budget=1024,
+        generation_token_budget=8192,
+        train_task_slice="0:48",
         eval_interval=0,  # the main job evaluates before and after, on the held-out split
         logging_steps=1,
         save_final_checkpoint=True,
@@ -67,11 +81,11 @@ class MainJobConfig(BaseConfig):
 
     env_id: str = option("comlrl/CoopCode-v0", help="registered environment id")
     env_kwargs: dict[str, Any] = option(
-        {"dataset": "humaneval", "external_transition": "level_feedback", "sandbox_backend": "docker"},
+        {"dataset": "easy", "external_transition": "level_feedback", "sandbox_backend": "docker"},
         help="environment keyword arguments, shared by training and evaluation",
     )
-    eval_task_slice: str = option("144:", help="held-out problems (task_slice of the evaluation env)")
-    eval_num_tasks: int = option(4, help="held-out problems evaluated before and after training")
+    eval_task_slice: str = option("48:", help="held-out problems (task_slice of the evaluation env)")
+    eval_num_tasks: int = option(24, help="held-out problems evaluated before and after training")
     eval_n_samples: int = option(2, help="episodes per held-out problem (n of pass@k)")
     eval_k: list[int] = option([1, 2], help="k values of pass@k (k > eval_n_samples is dropped)")
     eval_temperature: float = option(0.8, help="sampling temperature during evaluation")
@@ -126,58 +140,78 @@ def _first_and_last_eval(history: list[dict[str, float]]) -> tuple[dict[str, flo
 
 
 def _report(label: str, metrics: dict[str, float]) -> None:
-    shown = [f"{k}={v:.3f}" for k, v in metrics.items() if k.startswith(("eval/pass@", "eval/turn_", "eval/return"))]
+    prefixes = ("eval/pass@", "eval/turn_", "eval/return", "eval/test_pass", "eval/cooperation", "eval/syntax")
+    shown = [f"{k}={v:.3f}" for k, v in metrics.items() if k.startswith(prefixes)]
     print(f"[main] evaluation {label}: " + ", ".join(s for s in shown if "/num_episodes" not in s), file=sys.stderr)
 
 
-def _plot_reward_curve(out_dir: pathlib.Path, num_turns: int) -> pathlib.Path | None:
-    """reward_curve.png: training reward and the engine's held-out reward per turn."""
-    from comlrl_core.run.metrics import plot_metric
+#: the held-out comparison's bootstrap: resamples and seed (fixed, so a rerun gives the same table)
+BOOTSTRAP_RESAMPLES = 4000
+BOOTSTRAP_SEED = 0
+#: reward levels of CoopCode's infos, logged by MAGRPO as ``level/{name}``
+_LEVELS = ("definitions", "syntax", "tests", "cooperation")
 
-    keys = [f"{section}turn_{t}/reward_mean" for section in ("", "eval/") for t in range(1, num_turns + 1)]
+
+def _plot_reward_curve(out_dir: pathlib.Path) -> pathlib.Path | None:
+    """reward_curve.png: the training team reward per step (the mean return of the step's
+    rollout tree from turn 1), raw and smoothed, and each reward level per step."""
+    from comlrl_core.run.metrics import plot_training_reward
+
     try:
-        return plot_metric(out_dir / "metrics.jsonl", keys, out_dir / "reward_curve.png", title="MAGRPO reward")
-    except ImportError:
+        return plot_training_reward(
+            out_dir / "metrics.jsonl",
+            "turn_1/expected_return",
+            [f"level/{name}" for name in _LEVELS],
+            out_dir / "reward_curve.png",
+            title="MAGRPO training team reward",
+        )
+    except (ImportError, KeyError) as err:
+        print(f"[main] no reward curve: {err}", file=sys.stderr)
         return None
 
 
-def _eval_table(before: dict[str, float], after: dict[str, float]) -> str:
-    keys = [k for k in before if k.startswith(("eval/pass@", "eval/turn_", "eval/return_mean"))]
-    keys = [k for k in keys if not k.endswith("num_episodes")]
-    rows = ["| metric | before | after | change |", "|---|---|---|---|"]
-    for key in keys:
+def _compare(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, DiffInterval]:
+    """Before / after / difference / paired bootstrap interval of every held-out metric,
+    from the first and the last evaluation's episodes."""
+    evaluations = read_eval_episodes(out_dir)
+    if len(evaluations) < 2:
+        return {}
+    comparison = compare_episode_rows(
+        evaluations[0], evaluations[-1], k=cfg.eval_k, resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED
+    )
+    return {f"eval/{name}": interval for name, interval in comparison.items()}
+
+
+def _eval_table(before: dict[str, float], after: dict[str, float], comparison: Mapping[str, DiffInterval]) -> str:
+    """The table: metrics with a paired interval first, then the per-turn rewards (episodes
+    that end early leave them unpaired: no interval). Before / after are the logged values."""
+    rows = ["| metric | before | after | difference | 95% CI |", "|---|---|---|---|---|"]
+    for key, iv in comparison.items():
+        b, a = before.get(key, iv.before), after.get(key, iv.after)
+        rows.append(f"| {key} | {b:.4f} | {a:.4f} | {iv.difference:+.4f} | [{iv.low:+.4f}, {iv.high:+.4f}] |")
+    rest = [k for k in before if k.startswith(("eval/pass@", "eval/turn_", "eval/return_mean")) and k not in comparison]
+    for key in [k for k in rest if not k.endswith("num_episodes")]:
         b, a = before[key], after.get(key, float("nan"))
-        rows.append(f"| {key} | {b:.4f} | {a:.4f} | {a - b:+.4f} |")
+        rows.append(f"| {key} | {b:.4f} | {a:.4f} | {a - b:+.4f} | n/a |")
     return "\n".join(rows) + "\n"
 
 
-def _plot_pass_at_k(before: dict[str, float], after: dict[str, float], out: pathlib.Path) -> pathlib.Path | None:
+def _plot_components(comparison: Mapping[str, DiffInterval], out: pathlib.Path) -> pathlib.Path | None:
+    from comlrl_core.run.metrics import plot_before_after
+
+    rates = {k.removeprefix("eval/"): iv.to_dict() for k, iv in comparison.items() if "turn_" not in k}
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("[main] matplotlib is missing (pip install 'comlrl-gym[viz]'): no pass@k plot", file=sys.stderr)
+        return plot_before_after(rates, out, title="held-out evaluation, before vs after training") if rates else None
+    except ImportError as err:
+        print(f"[main] no components plot: {err}", file=sys.stderr)
         return None
-    keys = sorted((k for k in before if k.startswith("eval/pass@")), key=lambda k: int(k.split("@")[1]))
-    xs = range(len(keys))
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    width = 0.38
-    ax.bar([x - width / 2 for x in xs], [before[k] for k in keys], width, label="before training")
-    ax.bar([x + width / 2 for x in xs], [after.get(k, 0.0) for k in keys], width, label="after training")
-    ax.set_xticks(list(xs), keys)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("held-out pass@k")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
 
 
-def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, Any]:
-    """Evaluate, train, evaluate again, and write the run folder. Returns the summary."""
+def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path, command: str | None = None) -> dict[str, Any]:
+    """Evaluate, train, evaluate again, and write the run folder. Returns the summary.
+
+    ``command`` is the command line reported in eval.md (None: ``comlrl main`` with the run's
+    saved ``config.yaml``, which reproduces it)."""
     from learners.cli import build_team
     from learners.magrpo import MAGRPOTrainer
 
@@ -205,14 +239,28 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, Any]:
     before, after = _first_and_last_eval(trainer.history)
     _report("before training", before)
     _report("after training", after)
-    _plot_reward_curve(out_dir, magrpo.num_turns)
-    table = _eval_table(before, after)
+    _plot_reward_curve(out_dir)
+    comparison = _compare(cfg, out_dir)
+    table = _eval_table(before, after, comparison)
+    episodes = int(before.get("eval/num_episodes", 0))
+    command = command or "comlrl main " + shlex.join(["--out", str(out_dir), "--config", str(out_dir / "config.yaml")])
     (out_dir / "eval.md").write_text(
         f"# Held-out evaluation ({cfg.env_id}, tasks {cfg.eval_task_slice}, first {cfg.eval_num_tasks}, "
-        f"n={cfg.eval_n_samples})\n\n" + table
+        f"n={cfg.eval_n_samples})\n\n" + table + f"\n{episodes} held-out episodes before and after "
+        f"(paired by problem and sample), seed {magrpo.seed}; 95% CI: paired bootstrap over problems, "
+        f"{BOOTSTRAP_RESAMPLES} resamples, bootstrap seed {BOOTSTRAP_SEED}.\n\nCommand: `{command}`\n"
     )
-    (out_dir / "eval.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
-    _plot_pass_at_k(before, after, out_dir / "pass_at_k.png")
+    eval_json = {
+        "before": before,
+        "after": after,
+        "comparison": {k: iv.to_dict() for k, iv in comparison.items()},
+        "num_episodes": episodes,
+        "seed": magrpo.seed,
+        "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": 0.95},
+        "command": command,
+    }
+    (out_dir / "eval.json").write_text(json.dumps(eval_json, indent=2))
+    _plot_components(comparison, out_dir / "eval_components.png")
     trainer.logger.close()
     summary = {
         "run_dir": str(out_dir),
@@ -223,8 +271,8 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path) -> dict[str, Any]:
     }
     print(table)
     print(
-        f"[main] done in {summary['seconds']} s: {out_dir}/ (metrics.jsonl, reward_curve.png, pass_at_k.png, "
-        f"eval.md, checkpoints/)",
+        f"[main] done in {summary['seconds']} s: {out_dir}/ (metrics.jsonl, reward_curve.png, eval_components.png, "
+        f"eval.md, eval.json, checkpoints/)",
         file=sys.stderr,
     )
     return summary
@@ -275,5 +323,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.print_config:
         print("\n".join(cfg.to_overrides()))
         return 0
-    run_main_job(cfg, pathlib.Path(args.out))  # bad input raises a UsageError: exit code 2
+    command = ["comlrl", "main", "--out", args.out, *(["--config", args.config] if args.config else [])]
+    # bad input raises a UsageError: exit code 2
+    run_main_job(cfg, pathlib.Path(args.out), shlex.join([*command, *args.overrides]))
     return 0

@@ -148,17 +148,36 @@ def install_guard():
     sys.addaudithook(guard)
 
 
+BASE_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def prepare_server():
+    """Once, in the server before its first fork: what every child would otherwise redo.
+
+    The environment becomes ``BASE_ENVIRONMENT`` (each child adds only its HOME and
+    TMPDIR), SIGTERM and SIGCHLD get their default action (each child resets only SIGINT,
+    which the server ignores), and /dev/null is opened for the children's stdin. Returns
+    that descriptor; each child moves it to fd 0 and closes the original.
+    """
+    os.environ.clear()
+    os.environ.update(BASE_ENVIRONMENT)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)  # no Python-level handler: no code runs on a signal
+    return os.open(os.devnull, os.O_RDONLY)
+
+
 def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
-    """Isolate the child: own session, pipes on fds 0-3, limits, work dir, clean env."""
+    """Isolate the child: own session, pipes on fds 0-3, limits, work dir, clean env.
+
+    Relies on ``prepare_server`` having run in the server (``cfg["devnull_fd"]``).
+    """
     os.setsid()  # own process group: the server kills the whole group on timeout
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
+    os.dup2(cfg["devnull_fd"], 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.dup2(verdict_w, VERDICT_FD)
     os.closerange(VERDICT_FD + 1, 65536)  # the server's channel to the host included
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)  # no Python-level handler: no code runs on a signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the server ignores it; SIGTERM/SIGCHLD: prepare_server
     os.chdir(workdir)
     if cfg.get("run_uid") is not None:  # process backend started as root: drop to nobody
         os.setgroups([])
@@ -179,8 +198,8 @@ def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
         _soft, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
-    os.environ.clear()
-    os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
+    environ = os.environ  # BASE_ENVIRONMENT already (prepare_server), plus the child's own dirs
+    environ["HOME"] = environ["TMPDIR"] = workdir
     # random needs no reseeding here: CPython reseeds it in every forked child (at-fork hook).
     # Modules not preloaded by the server compile from source: cached bytecode would need
     # marshal, which the guard refuses (a crafted .pyc is arbitrary memory access).
@@ -188,17 +207,27 @@ def _prepare_process(cfg, workdir, out_w, err_w, verdict_w):
     sys.pycache_prefix = "/nonexistent/comlrl-sandbox-pycache"
 
 
-def _compile_tests(tests, per_assert):
+def register_test_lines(tests):
+    """Put the tests' text in linecache, so tracebacks through them show their lines."""
+    if isinstance(tests, str):
+        linecache.cache["<tests>"] = (len(tests), None, tests.splitlines(True), "<tests>")
+    elif tests is not None:
+        for i, text in enumerate(tests):
+            name = f"<test {i}>"
+            linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+
+
+def compile_tests(tests, per_assert):
     """Compile the tests BEFORE the program runs: a list of (text, code, kind, error).
 
     kind is "check" (reported as an assert outcome) or "setup"; error is a compile-time
-    exception, kept to report when that statement's turn comes.
+    exception, kept to report when that statement's turn comes. Pure: the server also
+    calls it, to compile a test suite once for every program that shares it.
     """
     if tests is None:
         return []
     units: list[tuple[str, object, str, Exception | None]] = []
     if isinstance(tests, str):
-        linecache.cache["<tests>"] = (len(tests), None, tests.splitlines(True), "<tests>")
         if not per_assert:
             return [(tests, compile(tests, "<tests>", "exec"), "check", None)]
         tree = ast.parse(tests, "<tests>")  # a SyntaxError here fails the whole block
@@ -209,7 +238,6 @@ def _compile_tests(tests, per_assert):
         return units
     for i, text in enumerate(tests):
         name = f"<test {i}>"
-        linecache.cache[name] = (len(text), None, text.splitlines(True), name)
         try:
             units.append((text, compile(text, name, "exec"), "check", None))
         except Exception as err:  # noqa: BLE001 - reported when this statement runs
@@ -316,8 +344,13 @@ def _launch(program, units, runner, namespace, seed_box):
     return map(call, itertools.takewhile(partial(operator.is_not, stop), flatten(per_unit)))
 
 
-def run_child(cfg, request, seed_box, workdir, out_w, err_w, verdict_w):
-    """Body of the forked child. Never returns."""
+def run_child(cfg, request, seed_box, workdir, out_w, err_w, verdict_w, compiled_tests=None):
+    """Body of the forked child. Never returns.
+
+    ``compiled_tests``: the server's ``compile_tests`` result for this request's tests
+    (compiled once for every program sharing them, never with errors), or None to compile
+    them here.
+    """
     _exit, _write, _repr, _encode = os._exit, os.write, repr, str.encode
     try:
         _prepare_process(cfg, workdir, out_w, err_w, verdict_w)
@@ -337,7 +370,8 @@ def run_child(cfg, request, seed_box, workdir, out_w, err_w, verdict_w):
     source = request["source"]
     phase = "tests"
     try:
-        units = _compile_tests(request.get("tests"), per_assert)
+        register_test_lines(request.get("tests"))
+        units = compile_tests(request.get("tests"), per_assert) if compiled_tests is None else compiled_tests
         phase = "program"
         linecache.cache["<program>"] = (len(source), None, source.splitlines(True), "<program>")
         program = compile(source, "<program>", "exec")

@@ -18,6 +18,9 @@ process in the container is killed with ``kill(-1)``, so nothing survives a run;
 something does, or the container's cgroup OOM-killed a process, the reply says
 ``tainted`` and the host replaces the container.
 
+Test suites are compiled once in the server and reused by every program that shares one
+(``_compiled_tests``); the program itself is always compiled in its child.
+
 Verdicts: the server draws a seed per program (the child derives per-unit pass tokens
 from it, see _child.py) and builds the verdict from the verdict pipe: the child's plan
 (first line, written before untrusted code), the tokens that arrived (a unit passed only
@@ -37,13 +40,19 @@ import tempfile
 import time
 
 if "run_child" not in globals():  # imported as a module; the -c source concatenates _child.py
-    from sandbox._child import CHILD_SETUP_FAILED, run_child, token_for
+    from sandbox._child import CHILD_SETUP_FAILED, compile_tests, prepare_server, run_child, token_for
 
 _HEADER = struct.Struct(">I")
 _VERDICT_CAP = 1 << 20
 _STATUSES = ("passed", "failed", "error", "timeout", "memory", "killed")
 _FAILURES = ("failed", "error", "memory", "killed")  # what a unit's (untrusted) detail may say
 _MAX_OUTCOMES = 1000
+# Compiled test suites kept by the server: an RL batch runs many programs against each suite.
+_TESTS_CACHE_ENTRIES = 256
+_TESTS_CACHE_CHARS = 1 << 20  # total test text behind the cached entries
+_TESTS_ENTRY_CHARS = 64 * 1024  # a larger suite is compiled in each child, as any suite was before
+# (per_assert, tests as str or tuple) -> (units, characters), least recently used first
+_tests_cache: dict[tuple, tuple[list, int]] = {}
 
 
 def _read_exact(size):
@@ -72,17 +81,38 @@ def _send(message):
         data = data[os.write(1, data) :]
 
 
-def _oom_kills():
-    """The container cgroup's OOM-kill counter (cgroup v2 or v1), or None."""
+def _open_oom_counter():
+    """A descriptor on the container cgroup's OOM-kill counter file (cgroup v2 or v1), or None.
+
+    Kept open and re-read with ``pread`` (two reads per program: opening the file each time
+    cost more than the read). Children close it (``closerange``) before any program runs.
+    """
     for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
         try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
             continue
+        if _oom_kills(fd) is not None:
+            return fd
+        os.close(fd)
+    return None
+
+
+def _oom_kills(fd):
+    """The OOM-kill count in the counter file fd, or None (no counter, unreadable)."""
+    if fd is None:
+        return None
+    try:
+        text = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    for line in text.split(b"\n"):
+        key, _, value = line.partition(b" ")
+        if key == b"oom_kill":
+            try:
+                return int(value)
+            except ValueError:
+                return None
     return None
 
 
@@ -299,6 +329,38 @@ def _combine(plan, n_units, passed, details, per_assert):
     return {"status": status, "error_type": etype, "error_message": emsg, "asserts": outcomes, "extra": extra}, False
 
 
+def _compiled_tests(tests, per_assert):
+    """The compiled units of a test suite (``compile_tests``), cached; None: the child compiles.
+
+    Compiling runs no code, and the units are only read in the children (each has its own
+    copy of the server's memory). Only suites that compile without any error are cached, so
+    no exception object (whose traceback would reach server frames) is handed to a child;
+    a suite that fails to compile is compiled, and its error reported, in the child as before.
+    """
+    key: tuple
+    if isinstance(tests, str):
+        key, size = (per_assert, tests), len(tests)
+    elif isinstance(tests, list) and all(isinstance(t, str) for t in tests):
+        key, size = (per_assert, tuple(tests)), sum(len(t) for t in tests)
+    else:
+        return None
+    if size > _TESTS_ENTRY_CHARS:
+        return None
+    entry = _tests_cache.pop(key, None)
+    if entry is None:
+        try:
+            entry = (compile_tests(tests, per_assert), size)
+        except Exception:  # noqa: BLE001 - the child compiles again and reports it
+            return None
+        if any(unit[3] is not None for unit in entry[0]):
+            return None
+        cached_chars = sum(cached_size for _, cached_size in _tests_cache.values())
+        while _tests_cache and (len(_tests_cache) >= _TESTS_CACHE_ENTRIES or cached_chars + size > _TESTS_CACHE_CHARS):
+            cached_chars -= _tests_cache.pop(next(iter(_tests_cache)))[1]  # the least recently used
+    _tests_cache[key] = entry  # (re)inserted last: the most recently used
+    return entry[0]
+
+
 def _exit_verdict(wait_status, oom):
     """Status for a child that died without a valid verdict."""
     if os.WIFSIGNALED(wait_status):
@@ -318,6 +380,7 @@ def _exit_verdict(wait_status, oom):
 def _run(cfg, request):
     timeout = float(request["timeout"])
     run_cfg = dict(cfg, cpu_seconds=int(timeout) + 2)  # CPU cap: escaped processes die too
+    compiled_tests = _compiled_tests(request.get("tests"), bool(request.get("per_assert")))
     seed_box = [os.urandom(32)]  # the child pops it: no frame of the child keeps the seed
     workdir = tempfile.mkdtemp(prefix="run-", dir=cfg["work_root"])
     if cfg.get("run_uid") is not None:
@@ -325,14 +388,15 @@ def _run(cfg, request):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     verdict_r, verdict_w = os.pipe()
-    oom_before = _oom_kills() if cfg.get("container") else None
+    oom_fd = cfg.get("oom_fd")
+    oom_before = _oom_kills(oom_fd)
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:  # child
         try:
             for fd in (out_r, err_r, verdict_r):
                 os.close(fd)
-            run_child(run_cfg, request, seed_box, workdir, out_w, err_w, verdict_w)
+            run_child(run_cfg, request, seed_box, workdir, out_w, err_w, verdict_w, compiled_tests)
         finally:
             os._exit(CHILD_SETUP_FAILED)
     for fd in (out_w, err_w, verdict_w):
@@ -355,7 +419,7 @@ def _run(cfg, request):
     _drain(fds, buffers, truncated, caps)
     for fd in fds:
         os.close(fd)
-    oom = oom_before is not None and (_oom_kills() or 0) > oom_before
+    oom = oom_before is not None and (_oom_kills(oom_fd) or 0) > oom_before
     verdict, tampered = _parse_verdict(buffers[verdict_r], seed_box[0], bool(request.get("per_assert")))
     if not exited:
         verdict = {
@@ -410,8 +474,10 @@ def main():
     # Never load ctypes here: a child could re-create an already loaded extension module
     # without an import audit event. (Docker's image makes the interpreter non-dumpable.)
     os.makedirs(cfg["work_root"], exist_ok=True)
+    cfg["devnull_fd"] = prepare_server()
+    cfg["oom_fd"] = _open_oom_counter() if cfg.get("container") else None
     _send(
-        {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0], "oom_counter": _oom_kills() is not None}
+        {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0], "oom_counter": cfg["oom_fd"] is not None}
     )
     while True:
         request = _recv()

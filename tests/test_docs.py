@@ -67,3 +67,35 @@ def test_relative_links_resolve(page):
     text = re.sub(r"```.*?```", "", (DOCS / page).read_text(encoding="utf-8"), flags=re.S)  # code is not links
     for target in re.findall(r"\]\((?!https?://|#)([^)#\s]+)", text):
         assert (DOCS / target).exists(), f"{page} links to missing {target}"
+
+
+def test_install_section_covers_library_use():
+    for page in (ROOT / "README.md", DOCS / "index.md"):
+        text = page.read_text(encoding="utf-8")
+        assert "## Install" in text, page
+        assert "pip install" in text and "download.pytorch.org/whl/" in text, page  # extras, GPU / CPU torch
+        assert "COMLRL_SKIP_DOCKER=1" in text, page
+
+
+def test_evaluate_and_export_page_shows_the_commands():
+    text = (DOCS / "evaluation.md").read_text(encoding="utf-8")
+    assert "## Evaluate and export a trained run" in text
+    for command in ("comlrl eval --checkpoint", "comlrl export", "--adapters-only", "AutoModelForCausalLM"):
+        assert command in text
+
+
+def test_option_name_mapping_names_real_options():
+    """Every comlrl-gym name in the CoMLRL / TRL mapping table is an option of a learner config."""
+    from comlrl_core.config.options import field_types
+    from learners.actor_critic import MAACConfig
+    from learners.madpo import MADPOConfig
+    from learners.magrpo import MAGRPOConfig
+
+    known = set().union(*(field_types(c) for c in (MAGRPOConfig, MAACConfig, MADPOConfig)))
+    text = (DOCS / "comlrl_differences.md").read_text(encoding="utf-8")
+    table = text.split("## Option names: CoMLRL, TRL and comlrl-gym", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 15
+    names = {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert {"lr_scheduler_type", "save_total_limit", "stop", "report_to"} <= names
+    assert names <= known, f"not options: {sorted(names - known)}"

@@ -2,7 +2,9 @@
 
 :func:`play_episodes` plays ``episodes_per_task`` episodes of each task with a team, all of
 them in the same batched calls: each turn makes ONE ``generate`` call per agent over every
-running episode (turn 1: each distinct prompt once, with ``num_samples``) and ONE
+running episode (turn 1: each distinct prompt once, with ``num_samples``; agents that are
+adapters of one shared LoRA base sample in the same forward passes, see
+:func:`comlrl_core.models.joint_generation.generate_together`) and ONE
 :func:`comlrl_core.env_api.step_many` call, so scoring (e.g. a sandbox) batches too.
 
 Seeding (:mod:`comlrl_core.episodes.seeds`): episode ``(task, sample)`` resets its env with
@@ -17,14 +19,16 @@ Reading a step goes through the contract: :func:`~comlrl_core.env_api.team_rewar
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from comlrl_core.env_api import episode_over, episode_terminated, step_many, step_passed, team_reward
 from comlrl_core.episodes.seeds import episode_seed, generation_seed
+from comlrl_core.models.joint_generation import GenerationRequest, generate_together
 from comlrl_core.policy import Completion, GenerationConfig, Policy
 
-__all__ = ["EpisodeRecord", "TurnRecord", "play_episodes"]
+__all__ = ["EpisodeRecord", "TurnRecord", "play_episodes", "step_numbers"]
 
 
 @dataclass
@@ -49,6 +53,9 @@ class EpisodeRecord:
     passed: bool | None = None
     raw_reward: float | None = None  # the last step's raw reward
     turns: list[TurnRecord] = field(default_factory=list)  # filled with record=True
+    # per step: the numbers of the first agent's info (see step_numbers), e.g. "pass_rate",
+    # "levels/syntax"; what the evaluation's per-episode metrics read
+    step_infos: list[dict[str, float]] = field(default_factory=list)
 
     def discounted_return(self, discount: float) -> float:
         """``sum_t discount**(t-1) * reward_t`` from turn 1."""
@@ -69,21 +76,16 @@ def _completion(value: Any) -> Completion:
     raise TypeError(f"a policy returned {type(value).__name__}, not a Completion")
 
 
-def _generate(
-    policy: Policy, agent: str, prompts: list[str], num_samples: int, config: GenerationConfig, seeds: list[int]
-) -> list[list[Completion]]:
-    out = policy.generate(prompts, num_samples, config, seeds)
-    if len(out) != len(prompts) or any(len(row) != num_samples for row in out):
+def _checked(agent: str, out: list[list[Any]], num_prompts: int, num_samples: int) -> list[list[Completion]]:
+    if len(out) != num_prompts or any(len(row) != num_samples for row in out):
         raise ValueError(
-            f"the policy of agent {agent!r} returned {len(out)} rows for {len(prompts)} prompts "
+            f"the policy of agent {agent!r} returned {len(out)} rows for {num_prompts} prompts "
             f"(each must hold num_samples={num_samples} completions)"
         )
     return [[_completion(c) for c in row] for row in out]
 
 
-def _agent_turn(
-    policy: Policy,
-    agent: str,
+def _agent_request(
     prompts: list[str],
     running: list[EpisodeRecord],
     turn: int,
@@ -91,15 +93,40 @@ def _agent_turn(
     n: int,
     config: GenerationConfig,
     seed: int,
-) -> list[Completion]:
-    """One agent's completions for the running episodes, in their order: ONE generate call."""
+) -> GenerationRequest:
+    """One agent's generate call for the running episodes (in their order)."""
     seeds = [generation_seed(seed, r.task, r.sample, turn, agent_index) for r in running]
     # turn 1: every episode runs, in blocks of n per task; a block sharing one prompt is
     # prefilled once and sampled n times (same per-completion seeds, same results)
     if turn == 1 and n > 1 and all(len(set(prompts[b : b + n])) == 1 for b in range(0, len(prompts), n)):
-        out = _generate(policy, agent, prompts[::n], n, config, seeds)
-        return [c for row in out for c in row]
-    return [row[0] for row in _generate(policy, agent, prompts, 1, config, seeds)]
+        return GenerationRequest(prompts[::n], n, config, seeds)
+    return GenerationRequest(prompts, 1, config, seeds)
+
+
+def _team_turn(
+    policies: Sequence[Policy], agents: list[str], requests: list[GenerationRequest]
+) -> list[list[Completion]]:
+    """Each agent's completions for the running episodes: ONE generate call per agent (agents
+    of a shared base in one decode loop), flattened to one completion per episode."""
+    outs = generate_together(policies, requests)
+    per_agent = []
+    for agent, request, out in zip(agents, requests, outs, strict=True):
+        rows = _checked(agent, out, len(request.prompts), request.num_samples)
+        per_agent.append([c for row in rows for c in row])
+    return per_agent
+
+
+def step_numbers(info: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of one info dict: top-level numbers and bools as they are, those of a
+    nested dict as ``"outer/inner"`` (e.g. ``levels/syntax``); everything else is dropped
+    (texts, lists, None) so that a record stays small."""
+    out: dict[str, float] = {}
+    for key, value in info.items():
+        items = value.items() if isinstance(value, Mapping) else [(None, value)]
+        for inner, number in items:
+            if isinstance(number, (bool, int, float)) and math.isfinite(number):
+                out[str(key) if inner is None else f"{key}/{inner}"] = float(number)
+    return out
 
 
 def _first_info(infos: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -154,12 +181,11 @@ def play_episodes(
             turn += 1
             states = [joint_state(envs[e], prompts[e]) if record and joint_state else "" for e in live]
             running = [records[e] for e in live]
-            per_agent = [
-                _agent_turn(
-                    policies[j], agent, [prompts[e][j] for e in live], running, turn, j, n, generation_config, seed
-                )
-                for j, agent in enumerate(agents)
+            requests = [
+                _agent_request([prompts[e][j] for e in live], running, turn, j, n, generation_config, seed)
+                for j in range(len(agents))
             ]
+            per_agent = _team_turn(policies, agents, requests)
             actions = [{agent: per_agent[j][k].text for j, agent in enumerate(agents)} for k in range(len(live))]
             results = step_many([envs[e] for e in live], actions)
             still = []
@@ -172,6 +198,7 @@ def play_episodes(
                         TurnRecord(list(prompts[e]), [per_agent[j][k] for j in range(len(agents))], reward, states[k])
                     )
                 info = _first_info(infos)
+                rec.step_infos.append(step_numbers(info))
                 rec.passed = step_passed(envs[e], infos)
                 raw = info.get("raw_reward")
                 rec.raw_reward = float(raw) if raw is not None else None

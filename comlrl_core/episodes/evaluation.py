@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from comlrl_core.episodes.engine import EpisodeRecord, play_episodes
-from comlrl_core.episodes.metrics import COUNT_METRICS, episode_metrics, pass_at_k
+from comlrl_core.episodes.metrics import COUNT_METRICS, episode_metrics, episode_rows, pass_at_k
 from comlrl_core.episodes.spec import EvalSpec
 from comlrl_core.models.simple_policies import CallablePolicy
 from comlrl_core.policy import GenerationConfig, Policy
@@ -83,25 +83,28 @@ class TaskResult:
 @dataclass
 class EvalResult:
     """``metrics`` (flat floats, also reachable as ``result["pass@1"]``), per-task and
-    per-episode detail."""
+    per-episode detail (:meth:`episode_rows`: each episode's values, for paired comparisons)."""
 
     env_id: str
     metrics: dict[str, float]
     per_task: list[TaskResult]
     episodes: list[EpisodeRecord] = field(default_factory=list)
 
+    discount: float = 1.0
+
     def __getitem__(self, key: str) -> float:
         return self.metrics[key]
+
+    def episode_rows(self) -> list[dict[str, Any]]:
+        """One dict per episode (task, sample, passed, rewards, return, test_pass_rate, ...)."""
+        return episode_rows(self.episodes, self.discount)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "env_id": self.env_id,
             "metrics": dict(self.metrics),
             "per_task": [asdict(t) for t in self.per_task],
-            "episodes": [
-                {"task": e.task, "sample": e.sample, "rewards": list(e.rewards), "passed": e.passed}
-                for e in self.episodes
-            ],
+            "episodes": self.episode_rows(),
         }
 
     def markdown(self) -> str:
@@ -153,7 +156,7 @@ def evaluate_episodes(
         per_task.append(
             TaskResult(t, episodes_per_task, sum(bool(e.passed) for e in eps), [e.rewards[-1] for e in eps])
         )
-    return EvalResult(env_name or type(env).__name__, metrics, per_task, episodes)
+    return EvalResult(env_name or type(env).__name__, metrics, per_task, episodes, discount)
 
 
 def run_evaluation(spec: EvalSpec, team: Any, prefix: str = "") -> EvalResult:

@@ -49,8 +49,9 @@ class AgentSpec:
     ``dtype``: the weights' dtype. ``mixed_precision="bf16"`` keeps fp32 weights (and so
     fp32 gradients and optimizer state) but runs forward passes under bf16 autocast:
     the matrix products run in bf16 (on CPUs with AMX several times faster than fp32,
-    on GPUs the usual choice). With ``lora=True`` the frozen base is then stored in bf16
-    and the adapters stay fp32 (see ``base_torch_dtype``).
+    on GPUs the usual choice; on CPUs without bf16 hardware several times SLOWER, so such
+    a spec warns there, see ``comlrl_core.models.precision``). With ``lora=True`` the
+    frozen base is then stored in bf16 and the adapters stay fp32 (see ``base_torch_dtype``).
     ``share_base``: LoRA agents with the same model, dtype and device share one base copy.
     ``use_chat_template``: wrap prompts in the tokenizer's chat template when it has one.
     """
@@ -120,6 +121,11 @@ class AgentSpec:
             raise ValueError(f"AgentSpec.system_prompt must be a string or None, got {self.system_prompt!r}")
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise ValueError(f"AgentSpec.name must be a non-empty string or None, got {self.name!r}")
+        if self.mixed_precision == "bf16":
+            # bf16 autocast on hardware without bf16 products is a slowdown (issue 15): say so
+            from comlrl_core.models.precision import warn_if_bf16_is_slow
+
+            warn_if_bf16_is_slow(self.device, stacklevel=3)  # the code that built the spec
 
     @property
     def torch_dtype(self):

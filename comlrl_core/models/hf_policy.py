@@ -17,8 +17,12 @@ Public API::
     policy.model, policy.tokenizer, policy.device, policy.name, policy.is_lora,
     policy.adapter_name, policy.shared_base, policy.spec, policy.source
 
+    policy.completion_stats                     CompletionStats of the completions generated so far
+
 Conventions: prompts are left-padded; a completion's ``token_ids`` end with EOS when
-generation stopped on it (finish_reason "eos"), else finish_reason is "length"; pads
+generation stopped on it (finish_reason "eos"); with ``GenerationConfig.stop`` strings a
+completion that holds one is cut (finish_reason "stop": text before the stop string,
+token ids up to the token that completed it); else finish_reason is "length"; pads
 never appear. ``token_logprobs`` counts every real completion token, EOS included.
 Several policies may share one base model (``comlrl_core.models.team``); each activates its
 own adapter before each forward pass.
@@ -35,14 +39,26 @@ import torch
 from torch import nn
 
 from comlrl_core.models.agent_spec import AgentSpec
+from comlrl_core.models.completion_post import CompletionStats, cut_at_stop
 from comlrl_core.models.cpu.gqa_attention import use_cpu_gqa_attention
 from comlrl_core.models.cpu.packed_linear import prepacked_linears
-from comlrl_core.models.lora import SharedLoraBase, enable_gradient_checkpointing
-from comlrl_core.models.model_source import ModelSource, load_causal_lm, load_tokenizer, resolve_model_source
+from comlrl_core.models.lora import (
+    SharedLoraBase,
+    adapter_lora_settings,
+    enable_gradient_checkpointing,
+    merge_lora_adapter,
+)
+from comlrl_core.models.mixed_adapters import sliced_adapter_batches
+from comlrl_core.models.model_source import (
+    POLICY_META,
+    ModelSource,
+    load_causal_lm,
+    load_tokenizer,
+    portable_model_name,
+    resolve_model_source,
+)
 from comlrl_core.models.sampling import padded_position_ids, sample_tokens, supports_logits_to_keep
-from comlrl_core.policy import Completion, GenerationConfig, Policy, completion_seeds
-
-POLICY_META = "comlrl_policy.json"
+from comlrl_core.policy import Completion, FinishReason, GenerationConfig, Policy, completion_seeds
 
 
 def load_base_model(source: ModelSource, spec: AgentSpec) -> nn.Module:
@@ -105,6 +121,7 @@ class TransformersPolicy(Policy):
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         self._keep_logits = supports_logits_to_keep(model)
+        self.completion_stats = CompletionStats()
         mixed = spec.mixed_precision if spec is not None else "no"
         self.autocast_dtype: torch.dtype | None = torch.bfloat16 if mixed == "bf16" else None
 
@@ -121,6 +138,8 @@ class TransformersPolicy(Policy):
         model = load_base_model(source, spec)
         if spec.lora:
             return cls.with_new_adapter(SharedLoraBase(model), tokenizer, spec, adapter_name, source)
+        if source.adapter is not None:  # full training from a LoRA warm start: merge it in
+            model = merge_lora_adapter(model, source.adapter)
         model.requires_grad_(True)
         return cls(
             model,
@@ -141,8 +160,15 @@ class TransformersPolicy(Policy):
         adapter_name: str,
         source: ModelSource | None = None,
     ) -> "TransformersPolicy":
-        """Add a fresh LoRA adapter to ``shared`` and return the policy that owns it."""
-        shared.add_adapter(adapter_name, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.lora_target_modules)
+        """Add a LoRA adapter to ``shared`` and return the policy that owns it: a fresh one,
+        or, when ``source`` is an adapter folder (a warm start), one of the saved adapter's
+        shape (rank, alpha, targets: they must fit its weights) holding its weights."""
+        if source is not None and source.adapter is not None:
+            saved = adapter_lora_settings(source.adapter)
+            shared.add_adapter(adapter_name, saved["r"], saved["alpha"], spec.lora_dropout, saved["target_modules"])
+            shared.load_adapter(adapter_name, source.adapter)
+        else:
+            shared.add_adapter(adapter_name, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.lora_target_modules)
         return cls(
             shared.peft_model(),
             tokenizer,
@@ -253,50 +279,20 @@ class TransformersPolicy(Policy):
         if not prompts:
             return []
         encoded = [self.encode_prompt(p) for p in prompts]
-        if self._share_prompt_prefill:
-            # prefill each prompt once; sample_tokens fans rows out prompt-major
-            input_ids, mask = self._left_pad(encoded)
-            fan_out = num_samples
-        else:  # reference path (tests, benchmarks): every prompt repeated before prefill
-            input_ids, mask = self._left_pad([ids for ids in encoded for _ in range(num_samples)])
-            fan_out = 1
-        row_seeds = completion_seeds(seed, len(prompts), num_samples)
-        generator: torch.Generator | list[torch.Generator]
-        if row_seeds is not None:  # one CPU generator per completion: rows independent of the batch
-            generator = [torch.Generator().manual_seed(s) for s in row_seeds]
-        else:
-            if seed is None:  # still reproducible under torch.manual_seed
-                seed = int(torch.randint(0, 2**62, (1,)).item())
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(int(cast(int, seed)))  # no per-row seeds: seed is one integer
+        generator = self._generators(seed, len(prompts), num_samples)
+        tokens, lengths, on_eos = self.sample_encoded(encoded, num_samples, cfg, generator)
+        return self.completions_from_rows(encoded, num_samples, cfg, tokens, lengths, on_eos)
 
-        self.activate()
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling
-        try:
-            # one autocast region for the whole decode: trainable fp32 weights are cast to
-            # bf16 once (autocast's cast cache), not once per token; on CPU the linear
-            # weights are packed once for the GEMM library, not once per token
-            with self.compute_context(), prepacked_linears(self.model, rows=input_ids.shape[0] * fan_out):
-                out = sample_tokens(
-                    self.model,
-                    input_ids,
-                    mask,
-                    max_new_tokens=cfg.max_new_tokens,
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    top_k=cfg.top_k,
-                    eos_token_ids=self.eos_token_ids,
-                    pad_token_id=self.pad_token_id,
-                    generator=generator,
-                    num_samples=fan_out,
-                )
-        finally:
-            self.model.train(was_training)
-
-        tokens = out.tokens.tolist()
-        lengths = out.lengths.tolist()
-        on_eos = out.stopped_on_eos.tolist()
+    def completions_from_rows(
+        self,
+        encoded: Sequence[Sequence[int]],
+        num_samples: int,
+        cfg: GenerationConfig,
+        tokens: Sequence[list[int]],
+        lengths: Sequence[int],
+        on_eos: Sequence[bool],
+    ) -> list[list[Completion]]:
+        """Completions (text, ids, finish reason) from the rows of :meth:`sample_encoded`."""
         results: list[list[Completion]] = []
         for p, prompt_ids in enumerate(encoded):
             group = []
@@ -304,17 +300,101 @@ class TransformersPolicy(Policy):
                 b = p * num_samples + s
                 ids = tokens[b][: lengths[b]]
                 body = ids[:-1] if on_eos[b] else ids
-                text = self.tokenizer.decode(body, skip_special_tokens=True)
-                group.append(
-                    Completion(
-                        text=text,
-                        token_ids=ids,
-                        finish_reason="eos" if on_eos[b] else "length",
-                        prompt_token_ids=list(prompt_ids),
-                    )
+                cut = cut_at_stop(self.tokenizer, body, cfg.stop) if cfg.stop else None
+                if cut is not None:  # sampling ran on; what follows the stop string is dropped
+                    text, ids = cut
+                    reason: FinishReason = "stop"
+                else:
+                    text = self.tokenizer.decode(body, skip_special_tokens=True)
+                    reason = "eos" if on_eos[b] else "length"
+                completion = Completion(
+                    text=text, token_ids=ids, finish_reason=reason, prompt_token_ids=list(prompt_ids)
                 )
+                self.completion_stats.record(completion)
+                group.append(completion)
             results.append(group)
         return results
+
+    def _generators(
+        self, seed: int | Sequence[int] | None, num_prompts: int, num_samples: int
+    ) -> torch.Generator | list[torch.Generator]:
+        """One CPU generator per completion (rows independent of the batch) when ``seed``
+        gives per-completion seeds, else one generator for the whole call."""
+        row_seeds = completion_seeds(seed, num_prompts, num_samples)
+        if row_seeds is not None:
+            return [torch.Generator().manual_seed(s) for s in row_seeds]
+        if seed is None:  # still reproducible under torch.manual_seed
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(int(cast(int, seed)))  # no per-row seeds: seed is one integer
+        return generator
+
+    def sample_encoded(
+        self,
+        encoded: Sequence[Sequence[int]],
+        num_samples: int,
+        cfg: GenerationConfig,
+        generator: torch.Generator | Sequence[torch.Generator],
+        row_adapters: Sequence[str] | None = None,
+    ) -> tuple[list[list[int]], list[int], list[bool]]:
+        """Sample ``num_samples`` completions of every encoded prompt; per output row
+        (prompt-major): the generated ids, how many are real, and whether EOS ended it.
+
+        Rows are sampled in as few calls as ``cfg.max_batch_tokens`` allows. With one
+        generator per row, prompts are grouped by length first (less padding; each row's
+        tokens are its own generator's whatever the grouping); with one generator for the
+        call, calls follow the prompt order. ``row_adapters`` (one adapter name per prompt)
+        samples the adapters of a shared LoRA base together (see :func:`sample_tokens`).
+        """
+        per_row = not isinstance(generator, torch.Generator)
+        fan_out = num_samples if self._share_prompt_prefill else 1
+        calls = _prompt_groups(
+            [len(ids) for ids in encoded], num_samples, cfg.max_new_tokens, cfg.max_batch_tokens, per_row
+        )
+        rows_out: list[tuple[list[int], int, bool]] = [([], 0, False)] * (len(encoded) * num_samples)
+        if row_adapters is None:
+            self.activate()
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling
+        widest_call = max(len(call) for call in calls) * num_samples
+        try:
+            # one autocast region for the whole decode: trainable fp32 weights are cast to
+            # bf16 once (autocast's cast cache), not once per token; on CPU the linear
+            # weights are packed once for the GEMM library, not once per token
+            mixed = sliced_adapter_batches(self.model) if row_adapters is not None else contextlib.nullcontext()
+            with self.compute_context(), prepacked_linears(self.model, rows=widest_call), mixed:
+                for call in calls:
+                    if row_adapters is not None:  # each adapter's rows contiguous: they run on row slices
+                        call = sorted(call, key=lambda p: row_adapters[p])
+                    if self._share_prompt_prefill:  # prefill each prompt once; rows fan out prompt-major
+                        input_ids, mask = self._left_pad([encoded[p] for p in call])
+                        adapters = [row_adapters[p] for p in call] if row_adapters is not None else None
+                    else:  # reference path (tests, benchmarks): every prompt repeated before prefill
+                        input_ids, mask = self._left_pad([encoded[p] for p in call for _ in range(num_samples)])
+                        adapters = [row_adapters[p] for p in call for _ in range(num_samples)] if row_adapters else None
+                    rows = [p * num_samples + s for p in call for s in range(num_samples)]
+                    out = sample_tokens(
+                        self.model,
+                        input_ids,
+                        mask,
+                        max_new_tokens=cfg.max_new_tokens,
+                        temperature=cfg.temperature,
+                        top_p=cfg.top_p,
+                        top_k=cfg.top_k,
+                        eos_token_ids=self.eos_token_ids,
+                        pad_token_id=self.pad_token_id,
+                        generator=[cast(Sequence[torch.Generator], generator)[r] for r in rows]
+                        if per_row
+                        else generator,
+                        num_samples=fan_out,
+                        row_adapters=adapters,
+                    )
+                    found = zip(out.tokens.tolist(), out.lengths.tolist(), out.stopped_on_eos.tolist(), strict=True)
+                    for r, (ids, length, eos) in zip(rows, found, strict=True):
+                        rows_out[r] = (ids, length, eos)
+        finally:
+            self.model.train(was_training)
+        return [r[0] for r in rows_out], [r[1] for r in rows_out], [r[2] for r in rows_out]
 
     # -- scoring -----------------------------------------------------------------------
     def token_logprobs(
@@ -373,23 +453,36 @@ class TransformersPolicy(Policy):
     def save(self, directory: str) -> None:
         """LoRA: adapter only (peft layout, safetensors). Full: ``save_pretrained`` folder."""
         os.makedirs(directory, exist_ok=True)
+        source = self._portable_source()
         meta = {
             "format": 1,
             "kind": "lora" if self.is_lora else "full",
             "name": self.name,
-            "source": self.spec.model if self.spec else None,
+            "source": source,
             "adapter_name": self.adapter_name,
         }
         lora = self._lora()
         if lora is not None:
             shared, adapter = lora
-            shared.save_adapter(adapter, directory)
+            shared.save_adapter(adapter, directory, base_model=source)
         else:
             # a transformers model (nn.Module's __getattr__ would type the method as a tensor)
             cast(Any, self.model).save_pretrained(directory, safe_serialization=True)
             self.tokenizer.save_pretrained(directory)
         with open(os.path.join(directory, POLICY_META), "w") as f:
             json.dump(meta, f, indent=2)
+
+    def _portable_source(self) -> str | None:
+        """The base model to record with saved weights: an alias or hub id when the base
+        has one (it moves to another machine), else the spec's model as given."""
+        if self.source is not None:
+            portable = portable_model_name(self.source)
+            if portable is not None:
+                return portable
+            if self.source.adapter is not None:  # a warm start: record the base, not the adapter
+                src = self.source
+                return os.path.join(src.path, src.gguf_file) if src.gguf_file else src.path
+        return self.spec.model if self.spec else None
 
     def load(self, directory: str) -> None:
         """Load weights saved by :meth:`save` into this policy, in place."""
@@ -406,6 +499,28 @@ class TransformersPolicy(Policy):
             shared.load_adapter(adapter, directory)
         else:
             _load_full_weights(self.model, directory)
+
+
+def _prompt_groups(
+    widths: Sequence[int], num_samples: int, max_new_tokens: int, budget: int | None, by_length: bool
+) -> list[list[int]]:
+    """Prompt indices per sampling call: ``rows * (widest prompt + max_new_tokens)`` stays
+    within ``budget`` (a lone prompt's rows may exceed it). ``by_length``: group prompts
+    of similar length (shortest first) instead of keeping their order."""
+    order = sorted(range(len(widths)), key=widths.__getitem__) if by_length else list(range(len(widths)))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    widest = 0
+    for p in order:
+        wider = max(widest, widths[p])
+        if current and budget is not None and (len(current) + 1) * num_samples * (wider + max_new_tokens) > budget:
+            groups.append(current)
+            current, wider = [], widths[p]
+        current.append(p)
+        widest = wider
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _load_full_weights(model: nn.Module, directory: str) -> None:

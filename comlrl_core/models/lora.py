@@ -10,8 +10,10 @@ Public API::
         .add_adapter(name, r, alpha, dropout, target_modules=None)
         .activate(name)                  -- make ``name`` the adapter used by forward passes
         .adapter_parameters(name) -> list[Parameter]   (that adapter only)
-        .save_adapter(name, directory) / .load_adapter(name, directory)
+        .save_adapter(name, directory, base_model=None) / .load_adapter(name, directory)
         .model                           -- the PeftModel; .adapter_names
+    adapter_lora_settings(directory) -> dict   r, alpha, dropout, target_modules of a saved adapter
+    merge_lora_adapter(model, directory) -> nn.Module   the model with the adapter merged in
 
 Why the care around ``set_adapter``: peft's ``set_adapter`` also sets ``requires_grad``
 -- True on the adapter it activates and False on all others. With several agents on
@@ -213,8 +215,12 @@ class SharedLoraBase:
     def adapter_config_dict(self, name: str) -> dict:
         return self.peft_model().peft_config[name].to_dict()
 
-    def save_adapter(self, name: str, directory: str) -> None:
-        """peft's layout: ``adapter_config.json`` + ``adapter_model.safetensors``."""
+    def save_adapter(self, name: str, directory: str, base_model: str | None = None) -> None:
+        """peft's layout: ``adapter_config.json`` + ``adapter_model.safetensors``.
+
+        ``base_model`` is recorded as ``base_model_name_or_path`` (a hub id or an alias
+        moves to another machine; peft would record the folder the base was loaded from,
+        e.g. a GGUF inside this machine's site-packages)."""
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
@@ -226,6 +232,8 @@ class SharedLoraBase:
         config["target_modules"] = sorted(config.get("target_modules") or [])
         config["peft_type"] = str(getattr(config.get("peft_type"), "value", config.get("peft_type")))
         config["task_type"] = str(getattr(config.get("task_type"), "value", config.get("task_type")))
+        if base_model is not None:
+            config["base_model_name_or_path"] = base_model
         with open(os.path.join(directory, "adapter_config.json"), "w") as f:
             json.dump(config, f, indent=2, default=str)
 
@@ -252,3 +260,29 @@ class SharedLoraBase:
         with torch.no_grad():
             for p in self._params[name]:
                 p.requires_grad_(True)
+
+
+def adapter_lora_settings(directory: str) -> dict[str, Any]:
+    """The LoRA shape of a saved adapter (what ``add_adapter`` needs to hold its weights)."""
+    with open(os.path.join(directory, "adapter_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    targets = config.get("target_modules")
+    if isinstance(targets, str):  # peft also allows one regular expression
+        raise ValueError(
+            f"{directory}: target_modules is the pattern {targets!r}; a warm start needs a list of module names"
+        )
+    return {
+        "r": int(config["r"]),
+        "alpha": float(config.get("lora_alpha", config["r"])),
+        "dropout": float(config.get("lora_dropout", 0.0)),
+        "target_modules": sorted(targets) if targets else None,
+    }
+
+
+def merge_lora_adapter(model: nn.Module, directory: str) -> nn.Module:
+    """``model`` with the LoRA adapter saved in ``directory`` merged into its weights
+    (a plain transformers model again: no peft layers left)."""
+    from peft import PeftModel
+
+    peft_model = PeftModel.from_pretrained(model, directory, is_trainable=False)
+    return cast(nn.Module, peft_model.merge_and_unload())

@@ -8,8 +8,10 @@ Public API::
     load_tokenizer(source: ModelSource)        -> transformers tokenizer
     load_causal_lm(source: ModelSource, dtype=None) -> transformers causal LM (CPU, eval mode)
     register_alias(name, resolver, description) / known_aliases() -> dict[str, str]
-    ModelSource (frozen dataclass): spec, kind, path, gguf_file, name; ``key`` identifies
-        the weights (two agents with equal keys can share one base model).
+    ModelSource (frozen dataclass): spec, kind, path, gguf_file, name, adapter; ``key``
+        identifies the base weights (two agents with equal keys can share one base model).
+    portable_model_name(source: ModelSource) -> str | None
+        The name another machine resolves to the same base (alias or hub id), else None.
 
 Accepted forms, checked in this order:
 
@@ -17,6 +19,11 @@ Accepted forms, checked in this order:
    ships -- the offline default) or ``tiny-random`` (see ``comlrl_core.models.tiny``);
 2. a ``.gguf`` file, or a folder that holds exactly one ``.gguf`` and no ``config.json``;
 3. a local folder with ``config.json`` (what ``save_pretrained`` writes);
+3b. a PEFT LoRA adapter folder (``adapter_config.json``, no ``config.json``): a warm
+   start. The source describes the adapter's BASE (resolved from the adapter config's
+   ``base_model_name_or_path``, or, when that is a path missing on this machine, from the
+   ``source`` recorded in ``comlrl_policy.json`` by a training run) and ``adapter`` holds
+   the adapter folder, whose weights the agent starts from;
 4. anything else shaped like ``org/name`` or ``name`` is a Hugging Face hub id and goes
    through the ordinary ``from_pretrained`` path (cache, then download).
 """
@@ -37,7 +44,8 @@ SourceKind = Literal["alias", "gguf", "local", "hub"]
 
 ACCEPTED_FORMS = (
     "accepted model sources: a Hugging Face hub id ('org/name'), a local folder with "
-    "config.json, a .gguf file (or a folder holding exactly one), or an alias ({aliases})"
+    "config.json, a PEFT LoRA adapter folder (adapter_config.json), a .gguf file "
+    "(or a folder holding exactly one), or an alias ({aliases})"
 )
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
@@ -60,6 +68,8 @@ class ModelSource:
     path: str
     gguf_file: str | None = None
     name: str = ""
+    #: a PEFT adapter folder to start from; ``kind`` / ``path`` then describe its base
+    adapter: str | None = None
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -69,7 +79,18 @@ class ModelSource:
 
     def describe(self) -> str:
         where = os.path.join(self.path, self.gguf_file) if self.gguf_file else self.path
-        return f"{self.spec!r} ({self.kind}: {where})"
+        on = f"; adapter {self.adapter}" if self.adapter else ""
+        return f"{self.spec!r} ({self.kind}: {where}{on})"
+
+
+def portable_model_name(source: ModelSource) -> str | None:
+    """What another machine resolves to the same base weights: the alias (lower case) or
+    the hub id; None for a local folder or file (a path means nothing elsewhere)."""
+    if source.kind == "alias":
+        return source.name
+    if source.kind == "hub":
+        return source.path
+    return None
 
 
 # -- aliases ---------------------------------------------------------------------------
@@ -140,6 +161,8 @@ def _from_path(spec: str, path: str, kind_hint: SourceKind | None = None) -> Mod
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "config.json")):
             return ModelSource(spec, kind_hint or "local", os.path.abspath(path), None, name)
+        if os.path.isfile(os.path.join(path, ADAPTER_CONFIG)):
+            return _adapter_source(spec, path)
         ggufs = _gguf_in_folder(path)
         if len(ggufs) == 1:
             return ModelSource(spec, kind_hint or "gguf", os.path.abspath(path), ggufs[0], name)
@@ -149,6 +172,61 @@ def _from_path(spec: str, path: str, kind_hint: SourceKind | None = None) -> Mod
             )
         raise ModelSourceError(f"model source {spec!r} is a folder without config.json or a .gguf file; {_accepted()}")
     raise ModelSourceError(f"model source {spec!r}: no such file or folder; {_accepted()}")
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+#: what ``TransformersPolicy.save`` writes next to the weights (its ``source`` is the spec's model)
+POLICY_META = "comlrl_policy.json"
+
+
+def _read_json(path: str) -> dict:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelSourceError(f"{path} does not hold a JSON object")
+    return data
+
+
+def adapter_base_candidates(folder: str) -> list[str]:
+    """Base model names an adapter folder records, most specific first: the adapter
+    config's ``base_model_name_or_path``, then the ``source`` of ``comlrl_policy.json``."""
+    config = _read_json(os.path.join(folder, ADAPTER_CONFIG))
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise ModelSourceError(
+            f"model source {folder!r} is a {peft_type} adapter; only LoRA adapters can be a starting point"
+        )
+    names = [config.get("base_model_name_or_path")]
+    meta = os.path.join(folder, POLICY_META)
+    if os.path.isfile(meta):
+        names.append(_read_json(meta).get("source"))
+    return [n for n in dict.fromkeys(names) if isinstance(n, str) and n.strip()]
+
+
+def _adapter_source(spec: str, folder: str) -> ModelSource:
+    """A PEFT adapter folder: its base (the first recorded name that resolves here)."""
+    candidates = adapter_base_candidates(folder)
+    errors = []
+    for candidate in candidates:
+        try:
+            base = resolve_model_source(candidate)
+        except ModelSourceError as exc:  # e.g. a path from another machine
+            errors.append(str(exc))
+            continue
+        if base.adapter is not None:
+            errors.append(f"{candidate!r} is itself an adapter folder")
+            continue
+        return ModelSource(spec, base.kind, base.path, base.gguf_file, base.name, adapter=os.path.abspath(folder))
+    raise ModelSourceError(
+        f"model source {spec!r} is a PEFT adapter folder whose base model does not resolve on this machine "
+        f"(recorded: {candidates or 'nothing'}): {'; '.join(errors) or 'no base_model_name_or_path'}; set "
+        f"base_model_name_or_path in {os.path.join(folder, ADAPTER_CONFIG)} to a hub id, a local folder or an alias"
+    )
 
 
 def _looks_like_path(source: str) -> bool:

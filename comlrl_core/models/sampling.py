@@ -13,6 +13,7 @@ Public API::
                   num_samples=1)
         -> SampleOutput(tokens [B * num_samples, T], lengths [...], stopped_on_eos [...])
     repeat_cache_rows(cache, repeats) -> cache with every batch row repeated (or None)
+    FORWARD_COUNTER.take() -> (forward passes, rows) sampled since the last take()
     filter_logits(logits, temperature, top_k, top_p) -> logits with filtered entries at -inf
     sample_next_tokens(logits, temperature, top_k, top_p, generator) -> next token ids [B]
     padded_position_ids(attention_mask) -> position ids that skip left padding
@@ -29,6 +30,29 @@ from typing import Iterable, Sequence
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+class ForwardCounter:
+    """Forward passes and the rows they carried, summed over every :func:`sample_tokens`
+    call of the process: ``rows / passes`` is the mean batch a decoding step ran at, the
+    figure that decides decoding speed on CPU and GPU alike. Trainers log it per step."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.rows = 0
+
+    def add(self, rows: int) -> None:
+        self.passes += 1
+        self.rows += rows
+
+    def take(self) -> tuple[int, int]:
+        """(passes, rows) since the last call; resets both."""
+        taken = (self.passes, self.rows)
+        self.passes = self.rows = 0
+        return taken
+
+
+FORWARD_COUNTER = ForwardCounter()
 
 
 @dataclass
@@ -293,6 +317,7 @@ def sample_tokens(
     pad_token_id: int,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     num_samples: int = 1,
+    row_adapters: Sequence[str] | None = None,
 ) -> SampleOutput:
     """Sample up to ``max_new_tokens`` for every row of a left-padded batch at once.
 
@@ -305,6 +330,10 @@ def sample_tokens(
     in the same order, as passing every prompt ``num_samples`` times (same seed, same tokens).
     ``generator`` may be a sequence of one CPU generator per OUTPUT row (see
     :func:`sample_next_tokens`).
+
+    ``row_adapters`` (one name per INPUT row) runs each row through its own LoRA adapter of
+    a peft model in the same forward passes (peft's mixed-adapter batches): agents that
+    share a base sample together, reading the base weights once per step.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
@@ -313,6 +342,9 @@ def sample_tokens(
     eos = torch.tensor(sorted(set(eos_token_ids)), device=device, dtype=torch.long)
     cache_name = cache_kwarg_name(model)
     keep_last = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+    if row_adapters is not None and len(row_adapters) != input_ids.shape[0]:
+        raise ValueError(f"got {len(row_adapters)} row adapters for {input_ids.shape[0]} input rows")
+    adapters: dict[str, list[str]] = {} if row_adapters is None else {"adapter_names": list(row_adapters)}
 
     mask = attention_mask.to(device=device, dtype=torch.long)
     positions = padded_position_ids(mask)
@@ -330,13 +362,17 @@ def sample_tokens(
             use_cache=True,
             **{cache_name: cache},
             **keep_last,
+            **adapters,
         )
+        FORWARD_COUNTER.add(step_ids.shape[0])
         cache = _returned_cache(outputs)
         logits = outputs.logits[:, -1, :].float()
         if step == 0 and num_samples > 1:
             # the prompt prefill (the long pass) ran once per prompt; fan out to samples
             mask = mask.repeat_interleave(num_samples, dim=0)
             step_positions = step_positions.repeat_interleave(num_samples, dim=0)
+            if adapters:
+                adapters = {"adapter_names": [a for a in adapters["adapter_names"] for _ in range(num_samples)]}
             cache = repeat_cache_rows(cache, num_samples)
             if cache is None:  # unknown cache layout: prefill the repeated prompts instead
                 outputs = model(
@@ -345,7 +381,9 @@ def sample_tokens(
                     position_ids=step_positions,
                     use_cache=True,
                     **keep_last,
+                    **adapters,
                 )
+                FORWARD_COUNTER.add(batch)
                 cache = _returned_cache(outputs)
                 logits = outputs.logits[:, -1, :].float()
             else:

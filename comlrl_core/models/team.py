@@ -15,6 +15,9 @@ Public API::
     team.train(mode=True) / team.eval()
     team.save(directory) / team.load(directory)       one sub-folder per trainable agent
 
+Warm starts: an agent's model may be a PEFT adapter folder (its base is shared like any
+other; the agent's adapter starts from the saved weights) or a ``save_pretrained`` folder.
+
 Sharing: LoRA agents (``lora=True, share_base=True``) whose model resolves to the same
 weights, with the same dtype and device, share ONE frozen base inside one peft model
 with adapters ``agent_<i>`` (i = the agent's index in the team). Each agent's policy
@@ -107,7 +110,8 @@ class Team:
             tokenizer = load_tokenizer(source)
             shared = SharedLoraBase(load_base_model(source, first))
             for i in members:
-                policies[i] = TransformersPolicy.with_new_adapter(shared, tokenizer, specs[i], f"agent_{i}", source)
+                # sources[i]: members share the base but not a warm-start adapter folder
+                policies[i] = TransformersPolicy.with_new_adapter(shared, tokenizer, specs[i], f"agent_{i}", sources[i])
         built: list[Policy] = []
         for i, item in enumerate(items):
             policy = policies[i]

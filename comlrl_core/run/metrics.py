@@ -33,7 +33,16 @@ import pathlib
 import time
 from typing import Any, Iterable, Mapping, Sequence, TextIO
 
-__all__ = ["MetricsLogger", "metric_key", "plot_metric", "read_metrics", "rewind_metrics"]
+__all__ = [
+    "MetricsLogger",
+    "metric_key",
+    "plot_before_after",
+    "plot_metric",
+    "plot_training_reward",
+    "read_metrics",
+    "rewind_metrics",
+    "trailing_mean",
+]
 
 BACKENDS = ("jsonl", "tensorboard", "wandb")
 _RESERVED = ("step", "time")
@@ -334,6 +343,110 @@ def rewind_metrics(path: str | os.PathLike, step: int, saved_at: float | None = 
     return dropped
 
 
+def _agg_figure(name: str, size: tuple[float, float]) -> Any:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError(
+            f"{name} needs matplotlib, which is not installed; install it with: pip install 'comlrl-gym[viz]'"
+        ) from None
+    fig = Figure(figsize=size, dpi=100)  # Figure + Agg canvas: no pyplot global state, no display
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    """Mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    return [
+        math.fsum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))
+    ]
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_training_reward(
+    path: str | os.PathLike,
+    reward_key: str,
+    level_keys: Sequence[str],
+    out_png: str | os.PathLike,
+    *,
+    window: int = 5,
+    title: str | None = None,
+) -> pathlib.Path:
+    """Training reward per step from a metrics file: ``reward_key`` raw and as a trailing mean
+    over ``window`` steps (top), and each of ``level_keys`` (e.g. the env's reward levels)
+    raw per step (bottom). Keys that were never logged are left out; needs matplotlib."""
+    rows = read_metrics(path)
+    steps, reward = _series(rows, reward_key)
+    if not steps:
+        raise KeyError(f"metric {reward_key!r} not in {_metrics_file(path)}")
+    fig = _agg_figure("plot_training_reward", (7, 6))
+    top, bottom = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
+    top.plot(steps, reward, alpha=0.4, marker=".", label=f"{reward_key} (raw)")
+    top.plot(steps, trailing_mean(reward, window), linewidth=2, label=f"trailing mean of {window} steps")
+    top.set_ylabel("team reward")
+    top.set_title(title or f"training reward ({reward_key})")
+    top.legend(fontsize=8)
+    for key in level_keys:
+        xs, ys = _series(rows, key)
+        if xs:
+            bottom.plot(xs, ys, marker=".", label=key)
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("reward level (0-1)")
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(fontsize=8)
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    out = pathlib.Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def plot_before_after(
+    rows: Mapping[str, Mapping[str, float]], out_png: str | os.PathLike, *, title: str | None = None
+) -> pathlib.Path:
+    """Per metric (``rows[name]`` with ``before``, ``after``, ``difference``, ``low``, ``high``):
+    before / after bars (left) and the difference with its interval as error bars (right)."""
+    if not rows:
+        raise ValueError("plot_before_after needs at least one metric")
+    names = list(rows)
+    xs = list(range(len(names)))
+    fig = _agg_figure("plot_before_after", (max(7.0, 1.4 * len(names) + 3), 4.5))
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    width = 0.38
+    left.bar([x - width / 2 for x in xs], [rows[n]["before"] for n in names], width, label="before training")
+    left.bar([x + width / 2 for x in xs], [rows[n]["after"] for n in names], width, label="after training")
+    left.set_xticks(xs, names, rotation=35, ha="right", fontsize=8)
+    left.set_title("held-out metrics")
+    left.legend(fontsize=8)
+    diffs = [rows[n]["difference"] for n in names]
+    errors = [
+        [d - rows[n]["low"] for n, d in zip(names, diffs, strict=True)],
+        [rows[n]["high"] - d for n, d in zip(names, diffs, strict=True)],
+    ]
+    right.errorbar(xs, diffs, yerr=errors, fmt="o", capsize=4)
+    right.axhline(0.0, color="grey", linewidth=1)
+    right.set_xticks(xs, names, rotation=35, ha="right", fontsize=8)
+    right.set_title("after - before, 95% interval")
+    for ax in (left, right):
+        ax.grid(True, axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = pathlib.Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
 def plot_metric(
     path: str | os.PathLike,
     key: str | Sequence[str],
@@ -345,22 +458,13 @@ def plot_metric(
 
     Needs matplotlib (``pip install 'comlrl-gym[viz]'``). Non-finite points are left out.
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError(
-            "plot_metric needs matplotlib, which is not installed; install it with: pip install 'comlrl-gym[viz]'"
-        ) from None
     keys = [key] if isinstance(key, str) else list(key)
     rows = read_metrics(path)
     available = sorted({k for row in rows for k in row if k not in _RESERVED})
     missing = [k for k in keys if k not in available]
     if missing:
         raise KeyError(f"metric(s) {missing} not in {_metrics_file(path)}; available: {', '.join(available)}")
-    # Figure + Agg canvas directly: no pyplot global state, works without a display.
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = _agg_figure("plot_metric", (6, 4))
     ax = fig.add_subplot(1, 1, 1)
     for k in keys:
         points = [

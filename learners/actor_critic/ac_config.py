@@ -15,6 +15,10 @@ Option names follow CoMLRL's ``IACConfig`` / ``MAACConfig``. Differences, on pur
   :mod:`learners.actor_critic.targets`).
 * ``early_termination_threshold`` defaults to None (never), not -0.2.
 
+``external_prompt_passthrough`` may also come through ``env_kwargs`` (it is then read into
+the option; the two disagreeing is an error), and a CoMLRL ``external:`` section in a YAML
+config is read into ``env_kwargs`` (see :mod:`learners.common.external_options`).
+
 The team options (``agent_models``, ``lora`` ...) are read by the CLI to build the Team;
 the trainers receive a ready Team.
 """
@@ -22,11 +26,14 @@ the trainers receive a ready Team.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping, TypeVar
 
 from comlrl_core.config.options import ConfigError, check_in, check_positive, check_range, option
 from learners.actor_critic.targets import CRITIC_TYPES
+from learners.common.external_options import PASSTHROUGH, check_prompt_passthrough, fold_external_section
 from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions, check_training_loop
+
+AC = TypeVar("AC", bound="ActorCriticConfig")
 
 
 @dataclass
@@ -40,7 +47,9 @@ class ActorCriticConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOpt
     early_termination_threshold: float | None = option(
         None, help="the env ends an episode when the team reward reaches this (None: never)"
     )
-    external_prompt_passthrough: bool = option(False, help="handed to the env: next-turn prompts skip the formatters")
+    external_prompt_passthrough: bool | None = option(
+        None, help="handed to the env: next-turn prompts skip the formatters (None: env_kwargs' value, else off)"
+    )
     # -- critic -----------------------------------------------------------------------
     critic_type: Literal["v", "q"] = option("v", help="'v': V(h) on the history; 'q': Q(h, a) on history + action")
     critic_model: str | None = option(None, help="model source of a separate critic (None: agent 0's model)")
@@ -69,6 +78,11 @@ class ActorCriticConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOpt
     # -- team (read by the CLI; the other team options: learners.common.options) ------
     lora: bool = option(False, help="train one LoRA adapter per agent (and critic) instead of full weights")
     device: str | None = option(None, help="device of every agent and critic (None: CUDA when present)")
+
+    @classmethod
+    def from_dict(cls: type[AC], data: Mapping[str, Any]) -> AC:
+        """As the base's, reading a CoMLRL ``external:`` section into ``env_kwargs``."""
+        return super().from_dict(fold_external_section(data, (PASSTHROUGH,)))
 
     @property
     def resolved_critic_learning_rate(self) -> float:
@@ -102,6 +116,10 @@ class ActorCriticConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOpt
             check_positive("critic_learning_rate", self.critic_learning_rate)
         check_training_loop(self)
         check_positive("save_steps", self.save_steps, allow_zero=True)
+        check_prompt_passthrough(self.external_prompt_passthrough, self.env_kwargs)
+        if PASSTHROUGH in self.env_kwargs:  # one place: the trainer hands the option to the env
+            self.external_prompt_passthrough = bool(self.env_kwargs[PASSTHROUGH])
+            self.env_kwargs = {k: v for k, v in self.env_kwargs.items() if k != PASSTHROUGH}
 
 
 @dataclass

@@ -27,13 +27,14 @@ from learners.actor_critic.critics import Critic, ModelCritic
 from learners.actor_critic.episode_buffer import EpisodeBuffer
 from learners.actor_critic.targets import discounted_returns
 from learners.common.episodes import Episode, collect_episodes
-from learners.common.optim import adamw
+from learners.common.optim import adamw, adamw_settings
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
 from learners.common.trainer_utils import (
     TaskItemTraining,
     TrainerCommon,
     agent_entries,
+    checkpoint_keep_last,
     load_own_checkpoint,
     planned_items,
     shuffled_task,
@@ -88,11 +89,11 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
                 raise ValueError(
                     f"agent {i} ({policy.name}) has no trainable parameters; {self.algorithm_name} trains every agent"
                 )
-            self.actor_optimizers.append(adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
+            self.actor_optimizers.append(adamw(params, lr=config.agent_learning_rate, **adamw_settings(config)))
         self.critics = list(critics) if critics is not None else self._build_critics()
         self._check_critics(self.critics)
         self.critic_optimizers = [
-            adamw(c.trainable_parameters(), lr=config.resolved_critic_learning_rate, weight_decay=config.weight_decay)
+            adamw(c.trainable_parameters(), lr=config.resolved_critic_learning_rate, **adamw_settings(config))
             for c in self.critics
         ]
         self.buffer = EpisodeBuffer(config.rollout_buffer_size)
@@ -285,7 +286,12 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         }
         buffer = json.dumps(self.buffer.to_list()).encode()
         return save_checkpoint(
-            path, policies=savables, optimizers=optimizers, cursor=cursor, extra_files={"episode_buffer.json": buffer}
+            path,
+            policies=savables,
+            optimizers=optimizers,
+            cursor=cursor,
+            extra_files={"episode_buffer.json": buffer},
+            keep_last=checkpoint_keep_last(self.config, path),  # save_total_limit
         )
 
     def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:

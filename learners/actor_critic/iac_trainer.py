@@ -103,6 +103,7 @@ class IACTrainer(ActorCriticTrainer):
                     value_loss_coef=c.value_loss_coef,
                     value_clip_range=c.value_clip_range,
                     micro_batch_size=c.logprob_micro_batch_size,
+                    token_budget=c.logprob_token_budget,
                     max_grad_norm=c.max_grad_norm,
                     step=self.global_step,
                     who=f"agent {agent}",

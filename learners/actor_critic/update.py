@@ -18,6 +18,8 @@ import torch
 
 from learners.actor_critic.critics import Critic
 from learners.actor_critic.losses import actor_loss_terms, check_finite, value_loss_terms
+from learners.common.logprobs import plan_chunks
+from learners.common.optim import note_grad_norm
 
 
 @dataclass
@@ -65,12 +67,15 @@ def optimize_batch(
     max_grad_norm: float | None,
     step: int,
     who: str,
+    token_budget: int | None = None,
 ) -> StepResult:
     """One step of every optimizer in ``optimizers`` on ``batch`` (indices into samples).
 
     Loss = mean over the batch of ``actor`` (when ``policy`` is given) plus
     ``value_loss_coef * critic`` (when ``critic`` is given); one backward serves both,
-    so a value head on the actor also shapes the actor's trunk.
+    so a value head on the actor also shapes the actor's trunk. Micro-batches hold at most
+    ``micro_batch_size`` samples and ``token_budget`` padded tokens (see
+    :func:`learners.common.logprobs.plan_chunks`).
     """
     if policy is None and critic is None:
         raise ValueError("optimize_batch needs a policy, a critic, or both")
@@ -78,8 +83,15 @@ def optimize_batch(
         opt.zero_grad(set_to_none=True)
     n = len(batch)
     actor_sum = value_sum = 0.0
-    for start in range(0, n, micro_batch_size):
-        idx = list(batch[start : start + micro_batch_size])
+    widths = [
+        max(
+            len(samples.prompt_ids[i]) + len(samples.completion_ids[i]) if policy is not None else 0,
+            len(samples.critic_rows[i]) if critic is not None else 0,
+        )
+        for i in batch
+    ]
+    for chunk in plan_chunks(widths, 1, micro_batch_size, token_budget):
+        idx = [batch[k] for k in chunk]
         loss = torch.zeros(())
         if policy is not None:
             logp, mask = policy.token_logprobs(
@@ -110,7 +122,8 @@ def optimize_batch(
     for opt in optimizers:
         if max_grad_norm is not None:
             params = [p for g in opt.param_groups for p in g["params"]]
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            # logged grad_norm: the norm before clipping, as TRL's
+            note_grad_norm(opt, torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
         opt.step()
         opt.zero_grad(set_to_none=True)
     return StepResult(

@@ -7,10 +7,16 @@ trainer's settings, and saves those settings (an
 :class:`~comlrl_core.episodes.spec.EvalSpec` plus the team's agent specs) to
 ``RUN_DIR/evaluation.json`` so that ``comlrl eval --checkpoint RUN_DIR`` replays the
 same evaluation and prints the same ``eval/...`` values as the run's last eval row.
+
+Each evaluation also appends one line to ``RUN_DIR/eval_episodes.jsonl``: its episode rows
+(:func:`comlrl_core.episodes.metrics.episode_rows`: task, sample, rewards, return, test pass
+rate, ...), in the order the evaluations ran, so that two evaluations (e.g. before and after
+training) can be compared episode by episode (:mod:`comlrl_core.episodes.intervals`).
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any, Mapping, Sequence
 
@@ -19,9 +25,27 @@ from comlrl_core.episodes.run_team import agent_spec_dicts
 from comlrl_core.episodes.spec import EvalSpec, write_run_evaluation
 from comlrl_core.policy import GenerationConfig, Policy
 
-__all__ = ["EVAL_PREFIX", "trainer_eval_spec", "trainer_evaluation"]
+__all__ = ["EPISODES_FILE", "EVAL_PREFIX", "read_eval_episodes", "trainer_eval_spec", "trainer_evaluation"]
 
 EVAL_PREFIX = "eval/"
+EPISODES_FILE = "eval_episodes.jsonl"
+
+
+def _append_eval_episodes(run_dir: pathlib.Path, rows: list[dict[str, Any]], seed: int) -> pathlib.Path:
+    path = pathlib.Path(run_dir) / EPISODES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"seed": seed, "episodes": rows}) + "\n")
+    return path
+
+
+def read_eval_episodes(run_dir: str | pathlib.Path) -> list[list[dict[str, Any]]]:
+    """The episode rows of every evaluation of a run, in the order they ran ([] when none)."""
+    path = pathlib.Path(run_dir) / EPISODES_FILE
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["episodes"] for line in lines if line.strip()]
 
 
 def trainer_eval_spec(
@@ -71,7 +95,8 @@ def trainer_evaluation(
     """Evaluate on the first ``num_tasks`` tasks of ``env`` and return ``eval/...`` metrics.
 
     With ``run_dir`` (and a registered ``env_spec`` with its ``env_kwargs``) the settings
-    are saved to ``run_dir/evaluation.json`` first.
+    are saved to ``run_dir/evaluation.json`` first; with ``run_dir`` the episode rows are
+    appended to ``run_dir/eval_episodes.jsonl``.
     """
     spec = trainer_eval_spec(
         env_spec,
@@ -98,4 +123,6 @@ def trainer_evaluation(
         max_turns=num_turns,
         prefix=EVAL_PREFIX,
     )
+    if run_dir is not None:
+        _append_eval_episodes(run_dir, result.episode_rows(), seed)
     return result.metrics

@@ -1,8 +1,13 @@
 """Batched, memory-bounded log-prob passes over a policy's completions.
 
 Learners score many completions per update. These helpers run ``Policy.token_logprobs``
-on micro-batches of ``micro_batch_size`` sequences, so peak activation memory is bounded
-by one micro-batch while the work stays batched.
+on micro-batches of at most ``micro_batch_size`` sequences and, when ``token_budget`` is
+given, at most that many padded tokens (one sequence or group alone may exceed it), so
+peak activation memory is bounded by one micro-batch while the work stays batched.
+
+Why a token budget: training activations grow with tokens, not sequences. SmolLM2-135M
+with LoRA on every linear layer keeps about 1.25 MB of activations per token for the
+backward pass, so 16 sequences of 500 tokens hold 10 GB while 2048 tokens hold 2.5 GB.
 """
 
 from __future__ import annotations
@@ -15,8 +20,35 @@ from comlrl_core.policy import Policy
 from learners.common.shared_prefix import shared_prefix_token_logprobs, supports_shared_prefix
 
 
-def _index_chunks(n: int, size: int) -> list[range]:
-    return [range(s, min(s + size, n)) for s in range(0, n, size)]
+def plan_chunks(widths: Sequence[int], unit_rows: int, max_rows: int, token_budget: int | None) -> list[range]:
+    """Consecutive row ranges for micro-batches.
+
+    Rows come in units of ``unit_rows`` (a group scored together; 1 for single rows) and
+    ``widths[u]`` is unit u's padded token count when scored (prompt plus completions).
+    A chunk holds whole units, at most ``max_rows`` rows (but at least one unit) and, with
+    a ``token_budget``, at most that many padded tokens: ``units * widest unit`` (at least
+    one unit, however wide).
+    """
+    chunks: list[range] = []
+    start = 0  # first unit of the open chunk
+    widest = 0
+    units = len(widths)
+    for u in range(units):
+        count = u - start
+        wider = max(widest, widths[u])
+        too_many_rows = (count + 1) * unit_rows > max_rows
+        too_many_tokens = token_budget is not None and (count + 1) * wider > token_budget
+        if count and (too_many_rows or too_many_tokens):
+            chunks.append(range(start * unit_rows, u * unit_rows))
+            start, wider = u, widths[u]
+        widest = wider
+    if units:
+        chunks.append(range(start * unit_rows, units * unit_rows))
+    return chunks
+
+
+def _row_widths(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[int]:
+    return [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
 
 
 def _groups_share_prompts(policy: Policy, prompt_ids: Sequence[Sequence[int]], group_size: int) -> bool:
@@ -35,10 +67,11 @@ def sequence_logprobs_nograd(
     prompt_ids: Sequence[Sequence[int]],
     completion_ids: Sequence[Sequence[int]],
     micro_batch_size: int,
+    token_budget: int | None = None,
 ) -> list[torch.Tensor]:
     """Per-token log-probs (real tokens only, 1-D per completion), without gradients."""
     out: list[torch.Tensor] = []
-    for idx in _index_chunks(len(prompt_ids), micro_batch_size):
+    for idx in plan_chunks(_row_widths(prompt_ids, completion_ids), 1, micro_batch_size, token_budget):
         logp, mask = policy.token_logprobs([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx])
         logp, mask = logp.float().cpu(), mask.bool().cpu()
         for row in range(len(idx)):
@@ -54,6 +87,7 @@ def accumulate_gradients(
     micro_batch_size: int,
     on_loss: Callable[[torch.Tensor], bool] | None = None,
     group_size: int | None = None,
+    token_budget: int | None = None,
 ) -> float:
     """Run ``loss_fn(token_logprobs, mask, indices)`` per micro-batch and backpropagate.
 
@@ -63,13 +97,22 @@ def accumulate_gradients(
     ``group_size``: consecutive rows come in groups of this size; when each group shares
     one prompt and the policy allows it, prompts are encoded once per group
     (:mod:`learners.common.shared_prefix`), with identical results.
+    ``token_budget``: padded tokens per micro-batch (see :func:`plan_chunks`).
     """
     total = 0.0
     # The group size when the groups share their prompts (None: score rows one by one).
     shared = group_size if group_size is not None and _groups_share_prompts(policy, prompt_ids, group_size) else None
-    # Shared prompts: chunks hold whole groups (at least one), each prompt encoded once.
-    chunk = max(shared, micro_batch_size - micro_batch_size % shared) if shared is not None else micro_batch_size
-    for idx in _index_chunks(len(prompt_ids), chunk):
+    # Shared prompts: chunks hold whole groups (at least one), each prompt encoded once, so
+    # a group costs its prompt once plus its completions.
+    if shared is not None:
+        widths = [
+            len(prompt_ids[s]) + shared * max(len(completion_ids[i]) for i in range(s, s + shared))
+            for s in range(0, len(prompt_ids), shared)
+        ]
+        chunks = plan_chunks(widths, shared, max(shared, micro_batch_size), token_budget)
+    else:
+        chunks = plan_chunks(_row_widths(prompt_ids, completion_ids), 1, micro_batch_size, token_budget)
+    for idx in chunks:
         if all(len(completion_ids[i]) == 0 for i in idx):
             continue  # nothing to score: no gradient either
         if shared is not None:

@@ -29,6 +29,7 @@ __all__ = [
     "GenerationOptions",
     "OptimizerOptions",
     "RunOptions",
+    "SCHEDULER_TYPES",
     "TeamOptions",
     "check_finite_options",
     "check_training_loop",
@@ -57,23 +58,64 @@ def _floats_in(name: str, value: Any) -> list[tuple[str, float]]:
     return []
 
 
+#: learning-rate schedules ``transformers.get_scheduler`` builds from a step count alone
+#: (reduce_lr_on_plateau needs a metric, warmup_stable_decay extra arguments)
+SCHEDULER_TYPES = (
+    "constant",
+    "constant_with_warmup",
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+)
+
+
 @dataclass
 class OptimizerOptions(BaseConfig):
     """AdamW settings of the agents and the log-prob micro-batch size."""
 
     agent_learning_rate: float = option(5e-6, help="AdamW learning rate of every agent")
     weight_decay: float = option(0.0, help="AdamW weight decay")
+    adam_beta1: float = option(0.9, help="AdamW beta1 (first-moment decay)")
+    adam_beta2: float = option(0.999, help="AdamW beta2 (second-moment decay)")
+    adam_epsilon: float = option(1e-8, help="AdamW epsilon")
+    lr_scheduler_type: str = option(
+        "constant",
+        help="learning-rate schedule over the training steps (transformers.get_scheduler): constant, "
+        "constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial, inverse_sqrt, cosine_with_min_lr",
+    )
+    warmup_steps: int = option(0, help="steps of linear warm-up from 0 (> 0: overrides warmup_ratio)")
+    warmup_ratio: float = option(0.0, help="warm-up as a fraction of the training steps (used when warmup_steps=0)")
     max_grad_norm: float | None = option(None, help="clip each agent's gradient norm (None: no clipping)")
     logprob_micro_batch_size: int = option(16, help="sequences per log-prob forward pass (bounds memory)")
+    logprob_token_budget: int | None = option(
+        4096,
+        help="padded tokens per log-prob forward pass (bounds activation memory: about 1.25 MB a token for "
+        "SmolLM2-135M with LoRA; one sequence or group alone may exceed it; None: no token limit)",
+    )
 
     def validate(self) -> None:
         super().validate()
         check_finite_options(self)
         check_positive("agent_learning_rate", self.agent_learning_rate)
         check_positive("weight_decay", self.weight_decay, allow_zero=True)
+        check_range("adam_beta1", self.adam_beta1, 0.0, 1.0, high_inclusive=False)
+        check_range("adam_beta2", self.adam_beta2, 0.0, 1.0, high_inclusive=False)
+        check_positive("adam_epsilon", self.adam_epsilon)
+        check_positive("warmup_steps", self.warmup_steps, allow_zero=True)
+        check_range("warmup_ratio", self.warmup_ratio, 0.0, 1.0)
+        if self.lr_scheduler_type not in SCHEDULER_TYPES:
+            raise ConfigError(
+                f"option 'lr_scheduler_type' is {self.lr_scheduler_type!r}; choose one of {', '.join(SCHEDULER_TYPES)}",
+                "lr_scheduler_type",
+            )
         if self.max_grad_norm is not None:
             check_positive("max_grad_norm", self.max_grad_norm)
         check_positive("logprob_micro_batch_size", self.logprob_micro_batch_size)
+        if self.logprob_token_budget is not None:
+            check_positive("logprob_token_budget", self.logprob_token_budget)
 
 
 @dataclass
@@ -84,6 +126,14 @@ class GenerationOptions(BaseConfig):
     temperature: float = option(0.6, help="sampling temperature (0 = greedy)")
     top_p: float = option(0.6, help="nucleus sampling mass")
     top_k: int | None = option(50, help="top-k filter (None or 0: off)")
+    stop: list[str] | None = option(
+        None, help="stop strings: a completion ends before the first one (finish_reason stop); e.g. stop=['```']"
+    )
+    generation_token_budget: int | None = option(
+        32768,
+        help="tokens per batched sampling call, rows * (prompt + max_new_tokens): bounds the KV cache "
+        "(about 46 KB a token for SmolLM2-135M in fp32); larger batches are split (None: no limit)",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -92,6 +142,13 @@ class GenerationOptions(BaseConfig):
         check_range("top_p", self.top_p, 0.0, 1.0, low_inclusive=False)
         if self.top_k is not None:
             check_positive("top_k", self.top_k, allow_zero=True)
+        if self.generation_token_budget is not None:
+            check_positive("generation_token_budget", self.generation_token_budget)
+        if self.stop is not None:
+            if isinstance(self.stop, str):
+                self.stop = [self.stop]
+            if not all(isinstance(s, str) and s for s in self.stop):
+                raise ConfigError(f"option 'stop' needs a list of non-empty strings, got {self.stop!r}", "stop")
 
 
 @dataclass
@@ -118,6 +175,9 @@ class RunOptions(BaseConfig):
     )
     project: str | None = option(None, help="W&B project (None: $WANDB_PROJECT or W&B's default)")
     output_dir: str = option("runs", help="run folder: metrics.jsonl, checkpoints, plots")
+    save_total_limit: int | None = option(
+        None, help="keep only the newest N checkpoints under output_dir/checkpoints (None: keep all)"
+    )
     seed: int = option(42, help="seed of every random draw")
     progress_bar: bool | None = option(None, help="show a progress bar (None: when stderr is a terminal)")
     env_kwargs: dict[str, Any] = option({}, help="extra keyword arguments for the environment")
@@ -142,6 +202,8 @@ class RunOptions(BaseConfig):
         if self.eval_temperature is not None:
             check_positive("eval_temperature", self.eval_temperature, allow_zero=True)
         check_positive("logging_steps", self.logging_steps)
+        if self.save_total_limit is not None:
+            check_positive("save_total_limit", self.save_total_limit)
         report_to_backends(self.report_to)
 
 

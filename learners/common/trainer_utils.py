@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Se
 
 from comlrl_core.policy import GenerationConfig, Policy
 from comlrl_core.run.checkpoint import (
+    CHECKPOINT_PREFIX,
     NoCheckpointError,
     load_checkpoint,
     verify_checkpoint,
@@ -26,6 +27,7 @@ from comlrl_core.run.metrics import plot_metric, rewind_metrics
 from comlrl_core.run.progress import progress, set_postfix
 from learners.common.evaluation import trainer_evaluation
 from learners.common.nonfinite import NonFiniteGuard
+from learners.common.optim import LearningRateSchedule, drain_optimizer_stats
 from learners.common.seeding import derive_seed
 from learners.common.setup import num_tasks
 
@@ -37,6 +39,7 @@ __all__ = [
     "TrainerCommon",
     "add_rank_files",
     "agent_entries",
+    "checkpoint_keep_last",
     "load_own_checkpoint",
     "planned_items",
     "rank_file_to_read",
@@ -98,6 +101,41 @@ class _TaskItemHost(Protocol):
     def save_checkpoint(self) -> Any: ...
     def _finish(self) -> Any: ...
     def _halt_if_nonfinite(self) -> None: ...
+    def _apply_lr_schedule(self, total_steps: int | None = None) -> None: ...
+
+
+def _optimizer_entries(trainer: Any) -> dict[str, Any]:
+    """Every optimizer of a trainer by checkpoint name (``agent_<i>``, ``critic_<i>``)."""
+    objects = getattr(trainer, "_checkpoint_objects", None)
+    if callable(objects):
+        return dict(objects()[1])
+    return agent_entries(getattr(trainer, "optimizers", None) or [])
+
+
+def _take_completion_stats(policy: Any) -> Any:
+    stats = getattr(policy, "completion_stats", None)
+    return stats.take() if stats is not None else None
+
+
+def _training_row_extras(trainer: Any) -> dict[str, float]:
+    """Optimizer figures since the last training row, and the agents' completion figures
+    (``agent_<i>/completions/mean_length`` / ``clipped_ratio``) of the generations since."""
+    out = drain_optimizer_stats(_optimizer_entries(trainer))
+    for i, policy in enumerate(getattr(trainer, "policies", None) or []):
+        stats = _take_completion_stats(policy)
+        if stats is not None and stats.count:
+            out[f"agent_{i}/completions/mean_length"] = stats.tokens / stats.count
+            out[f"agent_{i}/completions/clipped_ratio"] = stats.clipped / stats.count
+    return out
+
+
+def checkpoint_keep_last(config: Any, path: str | pathlib.Path) -> int | None:
+    """``save_total_limit`` for a save into ``path`` when it is a numbered checkpoint
+    (``checkpoint-<step>``: the ones rotated), else None (keep everything)."""
+    limit = getattr(config, "save_total_limit", None)
+    if limit is None or not pathlib.Path(path).name.startswith(CHECKPOINT_PREFIX):
+        return None
+    return int(limit)
 
 
 class TrainerCommon:
@@ -162,8 +200,24 @@ class TrainerCommon:
         return run_logger(self.config, self.run_dir, getattr(self, "distributed", None))
 
     def _log(self: _CommonHost, metrics: dict[str, float]) -> None:
+        """Log a row; a training row (no ``eval/`` key) also gets every optimizer's
+        ``learning_rate`` and ``grad_norm`` and every agent's ``completions/...`` figures."""
+        if not any(key.startswith("eval/") for key in metrics):
+            metrics = {**metrics, **_training_row_extras(self)}
         self.logger.log(metrics, step=self.global_step)
         self.history.append({"step": float(self.global_step), **metrics})
+
+    def _apply_lr_schedule(self, total_steps: int | None = None) -> None:
+        """Set every optimizer's rate for the current ``global_step`` (``lr_scheduler_type``,
+        warm-up); the schedule spans ``total_steps`` (default: the trainer's ``total_steps``)."""
+        host: Any = self  # a trainer: config, global_step, optimizers (see _optimizer_entries)
+        schedule = host.__dict__.get("_lr_schedule")
+        if schedule is None:
+            if total_steps is None:
+                total_steps = getattr(host, "total_steps", None)
+            optimizers = _optimizer_entries(host).values()
+            schedule = host.__dict__["_lr_schedule"] = LearningRateSchedule(optimizers, host.config, total_steps)
+        schedule.apply(host.global_step)
 
     def generation_config(self: _CommonHost, temperature: float | None = None) -> GenerationConfig:
         """Sampling settings from the config (``temperature`` overrides it, e.g. for evaluation)."""
@@ -173,6 +227,8 @@ class TrainerCommon:
             temperature=c.temperature if temperature is None else temperature,
             top_p=c.top_p,
             top_k=c.top_k or 0,
+            stop=tuple(getattr(c, "stop", None) or ()),
+            max_batch_tokens=getattr(c, "generation_token_budget", None),
         )
 
     def _eval_generation_config(self: _CommonHost) -> GenerationConfig:
@@ -217,6 +273,7 @@ class TrainerCommon:
         env_kwargs_of = getattr(self, "_env_kwargs", None)
         distributed = getattr(self, "distributed", None)
         writes = distributed is None or distributed.is_main  # [distributed] rank 0 writes
+        held = [_take_completion_stats(p) for p in self.policies]  # training's, kept apart from eval's
         metrics = trainer_evaluation(
             self._eval_env,
             self.policies,
@@ -231,6 +288,10 @@ class TrainerCommon:
             env_kwargs=env_kwargs_of(c.eval_task_slice or c.train_task_slice) if callable(env_kwargs_of) else None,
             run_dir=self.run_dir if writes else None,
         )
+        for policy, stats in zip(self.policies, held, strict=True):
+            _take_completion_stats(policy)  # the evaluation's: not training figures
+            if stats is not None:
+                policy.completion_stats.add(stats)  # type: ignore[attr-defined]
         self._log(metrics)
         return metrics
 
@@ -262,6 +323,7 @@ class TaskItemTraining:
             while self.global_step < end:
                 if c.eval_interval and self.global_step % c.eval_interval == 0:
                     self.evaluate()
+                self._apply_lr_schedule()
                 last = self.train_step()
                 self._halt_if_nonfinite()
                 bar.update(1)

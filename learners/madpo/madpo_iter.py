@@ -15,12 +15,13 @@ import pathlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from comlrl_core.config.options import option
+from comlrl_core.config.options import ConfigError, option
 from comlrl_core.run.metrics import MetricsLogger
 from learners.madpo.madpo_config import MADPOConfig
 from learners.madpo.madpo_trainer import MADPOTrainer
 from learners.preference.iter_config import IterativeOptions
 from learners.preference.iterative import IterativeRounds
+from learners.preference.oracles import JointOracle
 from learners.preference.records import PreferencePair
 
 
@@ -28,6 +29,15 @@ from learners.preference.records import PreferencePair
 class MADPOIterConfig(IterativeOptions, MADPOConfig):
     num_train_epochs: int = option(1, help="DPO epochs over each round's training pairs")
     output_dir: str = option("runs/madpo_iter", help="run folder: metrics, checkpoints, replay files")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.generation_mode != "decentralized":
+            raise ConfigError(
+                "MADPOIterConfig trains a decentralized target (generation_mode='decentralized'); a "
+                "centralized writer belongs to the comparator: comparator_generation_mode='centralized'",
+                "generation_mode",
+            )
 
 
 class MADPOIterTrainer(IterativeRounds, MADPOTrainer):
@@ -37,9 +47,15 @@ class MADPOIterTrainer(IterativeRounds, MADPOTrainer):
     config_class = MADPOIterConfig
 
     def __init__(
-        self, config: MADPOIterConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+        self,
+        config: MADPOIterConfig,
+        team: Any,
+        env: str | Callable[..., Any],
+        *,
+        logger: MetricsLogger | None = None,
+        oracle: JointOracle | None = None,
     ) -> None:
-        super().__init__(config, team, env, logger=logger)
+        super().__init__(config, team, env, logger=logger, oracle=oracle)
         self._init_rounds()
 
     def train(self, stop_after: int | None = None, stop_after_rounds: int | None = None) -> dict[str, float]:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from comlrl_core.policy import Policy
 from learners.common.distributed import DistributedContext, trainable_parameters
+from learners.common.logprobs import plan_chunks
 from learners.preference.records import PreferencePair
 
 
@@ -86,11 +87,14 @@ def madpo_update(
     max_grad_norm: float | None = None,
     pair_count: int | None = None,
     distributed: DistributedContext | None = None,
+    token_budget: int | None = None,
 ) -> MADPOUpdate:
     """One optimizer step per agent on ``pairs`` (mean loss over the pairs).
 
     Pairs are scored in micro-batches; each micro-batch's share of the loss is
-    backpropagated at once, so peak memory is one micro-batch per agent.
+    backpropagated at once, so peak memory is one micro-batch per agent. A micro-batch holds
+    at most ``micro_batch_size`` pairs and ``token_budget`` padded tokens, counted over every
+    agent's winner and loser sequences (their graphs are alive together until the backward).
 
     [distributed] ``pair_count`` is the number of pairs in the update over ALL processes
     (default ``len(pairs)``; the loss is divided by it) and ``distributed`` sums each
@@ -104,8 +108,13 @@ def madpo_update(
         opt.zero_grad(set_to_none=True)
     total, correct, sums = 0.0, 0, [0.0] * len(policies)
     finite = True
-    for start in range(0, len(pairs), micro_batch_size):
-        chunk = [_pair_ids(p) for p in pairs[start : start + micro_batch_size]]
+    pair_ids = [_pair_ids(p) for p in pairs]
+    widths = [
+        sum(2 * (len(p) + max(len(w), len(lo))) for p, w, lo in zip(prompts, winners, losers, strict=True))
+        for prompts, winners, losers in pair_ids
+    ]
+    for span in plan_chunks(widths, 1, micro_batch_size, token_budget):
+        chunk = [pair_ids[k] for k in span]
         margins = [
             pair_margins(
                 policy,

@@ -10,6 +10,13 @@
 3. ``num_train_epochs`` passes over the pairs in a seeded random order, one optimizer step
    per agent per ``train_batch_size`` pairs (:func:`learners.madpo.madpo_loss.madpo_update`).
 
+``generation_mode='centralized'`` (CoMLRL's centralized MADPO): only the actor
+(``centralized_agent_index``) samples, trains and is evaluated: it writes every role in one
+tagged response (:func:`learners.preference.comparators.sample_centralized`), the oracle
+scores the parsed roles, and each pair's margin is the actor's over the whole response.
+``preference/centralized_dropped`` / ``_partial`` count responses without any / with some
+missing role section.
+
 ``turn_1/reward_mean`` and ``turn_1/expected_return`` of an update are the mean
 ``candidate_reward_mean`` of its pairs: the candidates' rewards recorded when the pairs
 were collected (as CoMLRL documents), not a fresh rollout. ``eval/...`` metrics come from
@@ -35,14 +42,34 @@ from comlrl_core.run.metrics import MetricsLogger
 from comlrl_core.run.progress import progress
 from learners.common.distributed import DistributedContext, trainable_parameters
 from learners.common.nonfinite import halt_if_nonfinite
-from learners.common.optim import adamw
+from learners.common.optim import adamw, adamw_settings
 from learners.common.seeding import derive_seed
-from learners.common.trainer_utils import add_rank_files, agent_entries, load_own_checkpoint, rank_file_to_read
+from learners.common.setup import check_team_fits_env, num_tasks
+from learners.common.trainer_utils import (
+    add_rank_files,
+    agent_entries,
+    checkpoint_keep_last,
+    load_own_checkpoint,
+    rank_file_to_read,
+)
 from learners.madpo.madpo_config import MADPOConfig
 from learners.madpo.madpo_loss import madpo_update
-from learners.preference.build import with_token_ids
+from learners.preference.build import completion_ids, with_token_ids
+from learners.preference.candidates import (
+    JointCandidate,
+    Oracle,
+    TaskCandidates,
+    TaskRewardOracle,
+    close_tasks,
+    reset_tasks,
+    score_tasks,
+)
+from learners.preference.comparators import ParseCounts, centralized_prompt, render_centralized, sample_centralized
+from learners.preference.oracles import JointOracle
 from learners.preference.records import PreferencePair
-from learners.preference.trainer_base import SHUFFLE, PreferenceTrainerBase
+from learners.preference.trainer_base import RESET, SHUFFLE, PreferenceTrainerBase
+
+EVAL_RESET = 18  # seed-path tag of the centralized evaluation's resets
 
 
 class MADPOTrainer(PreferenceTrainerBase):
@@ -54,18 +81,33 @@ class MADPOTrainer(PreferenceTrainerBase):
     data_parallel = True
 
     def __init__(
-        self, config: MADPOConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+        self,
+        config: MADPOConfig,
+        team: Any,
+        env: str | Callable[..., Any],
+        *,
+        logger: MetricsLogger | None = None,
+        oracle: JointOracle | None = None,
     ) -> None:
         self.distributed = DistributedContext.current()  # [distributed]
-        super().__init__(config, team, env, logger=logger)
+        super().__init__(config, team, env, logger=logger, oracle=oracle)
+        self.centralized = config.generation_mode == "centralized"
+        if self.centralized and config.centralized_agent_index >= len(self.policies):
+            raise ValueError(
+                f"centralized_agent_index={config.centralized_agent_index} but the team has "
+                f"{len(self.policies)} policies"
+            )
+        # the policies the loss trains: the actor alone when centralized
+        self.trained_policies = [self.policies[config.centralized_agent_index]] if self.centralized else self.policies
+        self.parse_counts = ParseCounts()  # centralized: responses without / with missing sections
         self.optimizers = []
-        for i, policy in enumerate(self.policies):
+        for i, policy in enumerate(self.trained_policies):
             params = [p for p in policy.parameters() if p.requires_grad]
             if not params:
                 raise ValueError(
                     f"agent {i} ({policy.name}) has no trainable parameters; {self.algorithm_name} trains every agent"
                 )
-            self.optimizers.append(adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
+            self.optimizers.append(adamw(params, lr=config.agent_learning_rate, **adamw_settings(config)))
         # [distributed] identical replicas: rank 0's trainable weights on every process
         self.distributed.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
         self.pairs: list[PreferencePair] | None = None  # None: not collected yet
@@ -74,6 +116,90 @@ class MADPOTrainer(PreferenceTrainerBase):
         self.batch_in_epoch = 0
         self.skipped_nonfinite = 0
         self.finished = False
+
+    def _check_team(self) -> list[str]:
+        # centralized: one actor writes every role, so a team of one model fits any env
+        if self.config.generation_mode == "centralized" and len(self.policies) == 1:
+            return list(self.env.possible_agents)
+        return check_team_fits_env(self.policies, self.env)
+
+    # -- centralized MADPO ------------------------------------------------------------
+    def sample_tasks(
+        self,
+        tasks: Sequence[int],
+        policies: Sequence[Any],
+        num_candidates: int,
+        seed_key: Sequence[int],
+        oracle: Oracle,
+    ) -> list[TaskCandidates]:
+        if not self.centralized:
+            return super().sample_tasks(tasks, policies, num_candidates, seed_key, oracle)
+        c = self.config
+        batch = reset_tasks(self.env, tasks, self.agent_names, [derive_seed(c.seed, RESET, t) for t in tasks])
+        counts = sample_centralized(
+            batch,
+            self.trained_policies[0],
+            self.agent_names,
+            num_candidates,
+            self.generation_config(),
+            derive_seed(c.seed, *seed_key, c.centralized_agent_index),
+            keep_token_ids=True,
+        )
+        self.parse_counts.dropped += counts.dropped
+        self.parse_counts.partial += counts.partial
+        score_tasks(oracle, batch)
+        return batch
+
+    def _training_ids(self, pair: PreferencePair) -> PreferencePair:
+        """``pair`` with token ids for the trained policies (centralized: the actor's one
+        sequence; a pair read without ids is re-rendered in the tag format)."""
+        if not self.centralized:
+            return with_token_ids(pair, self.policies)
+        if pair.has_token_ids:
+            return pair
+        actor = self.trained_policies[0]
+        pair.prompt_ids = [list(actor.encode_prompt(centralized_prompt(pair.prompts, self.agent_names)))]
+        pair.winner_ids = [completion_ids(actor, render_centralized(pair.winner_completions))]
+        pair.loser_ids = [completion_ids(actor, render_centralized(pair.loser_completions))]
+        return pair
+
+    def evaluate(self) -> dict[str, float]:
+        """Decentralized: the base's episodes. Centralized: the actor answers each evaluation
+        task ``eval_episodes_per_task`` times; the TASK reward scores the parsed roles (a
+        response without any section as every role empty)."""
+        if not self.centralized:
+            return super().evaluate()
+        c = self.config
+        if self._eval_env is None:
+            self._eval_env = self._make_env(c.eval_task_slice) if c.eval_task_slice else self.env
+        tasks = list(range(min(c.eval_num_samples, num_tasks(self._eval_env))))
+        if not tasks:
+            return {}
+        batch = reset_tasks(
+            self._eval_env, tasks, self.agent_names, [derive_seed(c.seed, EVAL_RESET, t) for t in tasks]
+        )
+        counts = sample_centralized(
+            batch,
+            self.trained_policies[0],
+            self.agent_names,
+            c.eval_episodes_per_task,
+            self._eval_generation_config(),
+            derive_seed(c.seed, EVAL_RESET),
+            keep_token_ids=False,
+        )
+        empty = [""] * len(self.agent_names)
+        for task in batch:
+            task.candidates = [cand or JointCandidate(completions=list(empty)) for cand in task.candidates]
+        score_tasks(TaskRewardOracle(self.agent_names), batch)
+        rewards = [r for task in batch for r in task.scored_rewards()]
+        metrics = {
+            "eval/turn_1/reward_mean": sum(rewards) / len(rewards),
+            "eval/centralized_dropped": float(counts.dropped),
+            "eval/centralized_partial": float(counts.partial),
+        }
+        close_tasks(batch)
+        self._log(metrics)
+        return metrics
 
     # -- [distributed] (only rank 0 writes logs: the base's logger asks self.distributed) --
     def owns_task_batch(self, index: int) -> bool:
@@ -93,6 +219,9 @@ class MADPOTrainer(PreferenceTrainerBase):
         updates in total (a checkpoint can then be saved and resumed)."""
         if self.pairs is None:
             self.pairs, stats = self.collect_pairs()
+            if self.centralized:
+                stats["preference/centralized_dropped"] = float(self.parse_counts.dropped)
+                stats["preference/centralized_partial"] = float(self.parse_counts.partial)
             self._log(self._reduce_collect_stats(stats))
         if not self._global_count(self.pairs):  # [distributed] all processes stop together
             self.finished = True
@@ -105,7 +234,7 @@ class MADPOTrainer(PreferenceTrainerBase):
     def train_on_pairs(self, pairs: Sequence[PreferencePair], stop_after: int | None = None) -> dict[str, float]:
         """Epochs over ``pairs`` from the current (epoch, batch) cursor."""
         c = self.config
-        pairs = [with_token_ids(p, self.policies) for p in pairs]
+        pairs = [self._training_ids(p) for p in pairs]
         size = c.train_batch_size
         per_epoch = (len(pairs) + size - 1) // size
         per_epoch = int(self.distributed.max([per_epoch])[0])  # [distributed] same count everywhere
@@ -127,6 +256,8 @@ class MADPOTrainer(PreferenceTrainerBase):
                     if c.eval_interval and self.global_step % c.eval_interval == 0:
                         self.evaluate()
                     start = self.batch_in_epoch * size
+                    # the rate of this update (lr_scheduler_type; iterative: every round alike)
+                    self._apply_lr_schedule(per_epoch * c.num_train_epochs * getattr(c, "num_iterations", 1))
                     last = self.update([pairs[i] for i in order[start : start + size]])
                     halt_if_nonfinite(agent_entries(self.optimizers), self.global_step, self.run_dir / "checkpoints")
                     self.batch_in_epoch += 1
@@ -142,18 +273,19 @@ class MADPOTrainer(PreferenceTrainerBase):
     def update(self, batch: Sequence[PreferencePair]) -> dict[str, float]:
         c = self.config
         t0 = time.perf_counter()
-        for p in self.policies:
+        for p in self.trained_policies:
             if hasattr(p, "train"):
                 p.train()
         # [distributed] global pair count and reward sum (a process's batch may be empty)
         count, reward_sum = self.distributed.sum([len(batch), sum(p.candidate_reward_mean for p in batch)])
         result = madpo_update(
-            self.policies,
+            self.trained_policies,
             self.optimizers,
             batch,
             c.dpo_beta,
             exclude_last_token=c.exclude_last_token,
             micro_batch_size=c.logprob_micro_batch_size,
+            token_budget=c.logprob_token_budget,
             max_grad_norm=c.max_grad_norm,
             pair_count=int(count),
             distributed=self.distributed,
@@ -169,7 +301,8 @@ class MADPOTrainer(PreferenceTrainerBase):
             self.skipped_nonfinite += 1
         else:
             metrics.update({"loss": result.loss, "preference/accuracy": result.accuracy})
-            metrics.update({f"agent_{i}/margin": m for i, m in enumerate(result.margin_means)})
+            indices = [c.centralized_agent_index] if self.centralized else range(len(self.policies))
+            metrics.update({f"agent_{i}/margin": m for i, m in zip(indices, result.margin_means, strict=True)})
         metrics["skipped_nonfinite"] = float(self.skipped_nonfinite)
         if self.global_step % c.logging_steps == 0:
             self._log(metrics)
@@ -222,6 +355,7 @@ class MADPOTrainer(PreferenceTrainerBase):
             optimizers=agent_entries(self.optimizers),
             cursor=cursor,
             extra_files=extra,
+            keep_last=checkpoint_keep_last(self.config, path),  # save_total_limit
         )
 
     def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:

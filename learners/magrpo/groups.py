@@ -62,7 +62,8 @@ def groups_from_tree(tree: RolloutTree, policies: Sequence[Policy]) -> list[list
 
 def tree_metrics(tree: RolloutTree) -> dict[str, float]:
     """``turn_{t}/reward_mean`` and ``turn_{t}/expected_return`` (node means, averaged
-    over the nodes of turn t), plus tree size figures."""
+    over the nodes of turn t), ``level/{name}`` (the env's reward levels, mean over the
+    tree's steps, when its infos report ``levels``), plus tree size figures."""
     metrics: dict[str, float] = {}
     for level in tree.levels:
         if not level:
@@ -71,6 +72,11 @@ def tree_metrics(tree: RolloutTree) -> dict[str, float]:
         metrics[f"turn_{t}/reward_mean"] = node_mean([node_mean([j.reward for j in n.joints]) for n in level])
         metrics[f"turn_{t}/expected_return"] = node_mean([node_mean([j.ret for j in n.joints]) for n in level])
         metrics[f"turn_{t}/num_nodes"] = float(len(level))
+    # reward levels (infos["levels"], e.g. CoopCode's tests / cooperation), mean over every joint step
+    joints = [j for level in tree.levels for n in level for j in n.joints]
+    for name in sorted({key for j in joints for key in j.levels}):
+        values = [j.levels[name] for j in joints if name in j.levels]
+        metrics[f"level/{name}"] = node_mean(values)
     metrics["rollout/env_steps"] = float(tree.env_steps)
     metrics["rollout/reward_hacks"] = float(tree.reward_hacks)  # flagged steps (infos["reward_hack"])
     metrics["rollout/generate_calls"] = float(tree.generate_calls)

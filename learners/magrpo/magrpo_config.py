@@ -15,19 +15,28 @@ their returns). Groups go into that agent's rollout buffer; when the buffer hold
 mini-batches of ``train_batch_size`` groups, one optimizer step per mini-batch. The
 buffer is also flushed at the end of every epoch and of training.
 
+``external_prompt_passthrough`` is a learner option as in CoMLRL (handed to the env through
+``env_kwargs``; the env's own ``env_kwargs`` entry still works, and the two disagreeing is an
+error). A CoMLRL ``external:`` section in a YAML config (``external: {mode: level_feedback}``)
+is read into ``env_kwargs`` (``mode`` -> ``external_transition``); see
+:mod:`learners.common.external_options`.
+
 The team options (``agent_models``, ``lora`` ...) are read by the CLI to build the
 Team; the trainer itself receives a ready Team.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping, Sequence, TypeVar
 
-from comlrl_core.config.options import ConfigError, check_in, check_positive, check_range, option
+from comlrl_core.config.options import ConfigError, check_in, check_positive, check_range, option, parse_overrides
+from learners.common.external_options import PASSTHROUGH, check_prompt_passthrough, fold_external_section
 from learners.common.options import GenerationOptions, OptimizerOptions, RunOptions, TeamOptions, check_training_loop
 
 ADVANTAGE_MODES = ("mean", "raw", "rloo", "max")
+C = TypeVar("C", bound="MAGRPOConfig")
 
 
 @dataclass
@@ -42,6 +51,9 @@ class MAGRPOConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOptions)
         None, help="a branch ends when its joint action's reward reaches this (None: never)"
     )
     discount: float = option(1.0, help="return = r_t + discount * mean(child returns)")
+    external_prompt_passthrough: bool | None = option(
+        None, help="next-turn prompts skip the formatters (handed to the env; None: env_kwargs' value or the env's)"
+    )
     # -- advantages and loss --------------------------------------------------------
     advantage_mode: Literal["mean", "raw", "rloo", "max"] | None = option(
         None, help="group baseline; None = the trainer's own (MAGRPO mean, MAREINFORCE raw, MARLOO rloo, MAReMax max)"
@@ -60,6 +72,21 @@ class MAGRPOConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOptions)
     save_final_checkpoint: bool = option(True, help="checkpoint when training finishes")
     output_dir: str = option("runs/magrpo", help="run folder: metrics.jsonl, checkpoints, plots")
     seed: int = option(42, help="seed of every random draw (generation, shuffles, task order)")
+
+    @classmethod
+    def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+        """As the base's, reading a CoMLRL ``external:`` section into ``env_kwargs``."""
+        return super().from_dict(fold_external_section(data, (PASSTHROUGH,)))
+
+    def with_overrides(self: C, overrides: Sequence[str]) -> C:
+        """As the base's; an override of ``external_prompt_passthrough`` also replaces the
+        value this config handed to ``env_kwargs`` (so overriding it is no conflict)."""
+        names = {path[0] for path, _ in parse_overrides(overrides)}
+        if PASSTHROUGH in names and self.env_kwargs.get(PASSTHROUGH) == self.external_prompt_passthrough:
+            handed_on = copy.copy(self)
+            handed_on.env_kwargs = {k: v for k, v in self.env_kwargs.items() if k != PASSTHROUGH}
+            return super(MAGRPOConfig, handed_on).with_overrides(overrides)
+        return super().with_overrides(overrides)
 
     @property
     def groups_per_update(self) -> int:
@@ -82,3 +109,8 @@ class MAGRPOConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOptions)
         check_positive("reference_kl_coef", self.reference_kl_coef, allow_zero=True)
         check_training_loop(self)
         check_positive("save_steps", self.save_steps, allow_zero=True)
+        check_prompt_passthrough(self.external_prompt_passthrough, self.env_kwargs)
+        if self.external_prompt_passthrough and PASSTHROUGH not in self.env_kwargs:
+            # the trainer builds its env from env_kwargs; False is every env's default, so only
+            # True is handed on (an env without the argument keeps working)
+            self.env_kwargs = {**self.env_kwargs, PASSTHROUGH: True}

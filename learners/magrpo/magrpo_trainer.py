@@ -26,11 +26,12 @@ import random
 import time
 from typing import Any, Callable
 
+from comlrl_core.models.sampling import FORWARD_COUNTER
 from comlrl_core.policy import Policy
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
 from learners.common.distributed import trainable_parameters
-from learners.common.optim import adamw
+from learners.common.optim import adamw, adamw_settings
 from learners.common.reference import frozen_reference
 from learners.common.seeding import derive_seed
 from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
@@ -38,6 +39,7 @@ from learners.common.trainer_utils import (
     TaskItemTraining,
     TrainerCommon,
     agent_entries,
+    checkpoint_keep_last,
     load_own_checkpoint,
     planned_items,
     shuffled_task,
@@ -95,7 +97,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             params = [p for p in policy.parameters() if p.requires_grad]
             if not params:
                 raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; MAGRPO trains every agent")
-            self.optimizers.append(adamw(params, lr=config.agent_learning_rate, weight_decay=config.weight_decay))
+            self.optimizers.append(adamw(params, lr=config.agent_learning_rate, **adamw_settings(config)))
         self.parallel = parallel_seam()  # [distributed] the one seam; a no-op in one process
         # identical replicas: rank 0's trainable weights on every process
         self.parallel.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
@@ -163,6 +165,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         """One task item: rollout tree, returns, buffers, updates. Returns its metrics."""
         c, step, parallel = self.config, self.global_step, self.parallel
         t0 = time.perf_counter()
+        FORWARD_COUNTER.take()  # count this step's sampling passes only
         item = parallel.item_of_step(step)  # the global item; == step in one process
         tree = task = None
         if item < self.total_items:  # [distributed] the last round may leave a process idle
@@ -181,6 +184,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             )
             compute_returns(tree, c.discount)
         t1 = time.perf_counter()
+        passes, rows = FORWARD_COUNTER.take()
         self._step_updates = [[] for _ in self.policies]
         new_groups = groups_from_tree(tree, self.policies) if tree else [[] for _ in self.policies]
         parallel.add_groups(self.buffers, new_groups, c.rollout_buffer_size, self._flush)
@@ -193,6 +197,8 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         self.global_step = step + 1
         metrics = tree_metrics(tree) if tree else {}
         metrics.update(self._agent_metrics())
+        if passes:  # the mean batch of the rollout's decoding steps (agents of a shared base together)
+            metrics["rollout/rows_per_forward"] = rows / passes
         metrics.update(
             {
                 "time/rollout_s": t1 - t0,
@@ -238,6 +244,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             advantage_mode=self.advantage_mode,
             normalize_advantage=c.normalize_advantage,
             micro_batch_size=c.logprob_micro_batch_size,
+            token_budget=c.logprob_token_budget,
             step=self.global_step,
             agent=agent,
             reference=self.reference_policies[agent] if self.reference_policies else None,
@@ -309,6 +316,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             optimizers=agent_entries(self.optimizers),
             cursor=cursor,
             extra_files=extra,
+            keep_last=checkpoint_keep_last(self.config, path),  # save_total_limit
         )
 
     def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:

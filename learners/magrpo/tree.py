@@ -11,8 +11,10 @@ scores it and builds the next prompts: the external transition) and, unless the 
 ended (early termination, truncation) or ``num_turns`` is reached, becomes a child node.
 
 Speed: all nodes of a level are handled together -- one ``Policy.generate`` call per
-agent per level (every node prompt of the level, ``num_samples=G``) and one
-``step_many`` call per level (one sandbox batch for code environments).
+agent per level (every node prompt of the level, ``num_samples=G``), and agents that are
+adapters of one shared LoRA base sample that level in the same forward passes
+(:func:`comlrl_core.models.joint_generation.generate_together`); then one ``step_many``
+call per level (one sandbox batch for code environments).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from comlrl_core.env_api import episode_over, step_many, team_reward
+from comlrl_core.models.joint_generation import GenerationRequest, generate_together
 from comlrl_core.policy import Completion, GenerationConfig, Policy
 from learners.common.seeding import derive_seed
 
@@ -37,6 +40,16 @@ class JointAction:
     done: bool = False
     child: "TreeNode | None" = None
     ret: float = 0.0  # filled by compute_returns
+    levels: dict[str, float] = field(default_factory=dict)  # the step's infos["levels"] numbers (logged)
+
+
+def _info_levels(infos: Any) -> dict[str, float]:
+    """The numbers under ``levels`` of the first agent's info (e.g. CoopCode's reward levels)."""
+    for info in (infos or {}).values():
+        levels = info.get("levels") if isinstance(info, dict) else None
+        if isinstance(levels, dict):
+            return {str(k): float(v) for k, v in levels.items() if isinstance(v, (int, float))}
+    return {}
 
 
 @dataclass
@@ -90,8 +103,10 @@ def build_tree(
 ) -> RolloutTree:
     """Expand the tree from ``env`` (already reset) whose turn-1 prompts are ``prompts``.
 
-    ``seed`` makes generation reproducible: level ``t``, agent ``i`` samples with
-    ``derive_seed(seed, t, i)``. Node envs are dropped once stepped unless ``keep_envs``.
+    ``seed`` makes generation reproducible: completion ``k`` (node-major) of level ``t``,
+    agent ``i`` samples with its own seed ``derive_seed(seed, t, i, k)``, so it does not
+    depend on what else shares its batch. Node envs are dropped once stepped unless
+    ``keep_envs``.
     """
     n = len(policies)
     if n != len(agent_names) or n != len(prompts):
@@ -107,14 +122,18 @@ def build_tree(
     level = [root]
     for turn in range(1, num_turns + 1):
         tree.levels.append(level)
-        # One generate call per agent for the whole level.
-        for i, policy in enumerate(policies):
-            outs = policy.generate(
+        # One generate call per agent for the whole level (agents of a shared base together).
+        config = generation_config or GenerationConfig()
+        requests = [
+            GenerationRequest(
                 [node.prompts[i] for node in level],
-                num_samples=num_generations,
-                generation_config=generation_config,
-                seed=derive_seed(seed, turn, i),
+                num_generations,
+                config,
+                [derive_seed(seed, turn, i, k) for k in range(len(level) * num_generations)],
             )
+            for i in range(n)
+        ]
+        for policy, outs in zip(policies, generate_together(policies, requests), strict=True):
             tree.generate_calls += 1
             if len(outs) != len(level) or any(len(o) != num_generations for o in outs):
                 raise RuntimeError(
@@ -139,6 +158,7 @@ def build_tree(
         for joint, clone, (obs, rewards, terms, truncs, infos) in zip(owners, clones, results, strict=True):
             tree.reward_hacks += any(isinstance(i, dict) and i.get("reward_hack") for i in (infos or {}).values())
             joint.reward = team_reward(clone, rewards)
+            joint.levels = _info_levels(infos)
             joint.done = episode_over(clone, terms, truncs)
             if joint.done or turn == num_turns:
                 continue

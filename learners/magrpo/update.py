@@ -19,6 +19,7 @@ import torch
 from comlrl_core.models.tokens import k3_kl
 from comlrl_core.policy import Policy
 from learners.common.logprobs import accumulate_gradients, sequence_logprobs_nograd
+from learners.common.optim import note_grad_norm
 from learners.magrpo.advantages import group_advantages
 from learners.magrpo.groups import NodeGroup
 from learners.magrpo.losses import NonFiniteLossError, check_finite, sequence_pg_loss
@@ -55,6 +56,7 @@ def kl_shaped_returns(
     groups: Sequence[NodeGroup],
     reference_kl_coef: float,
     micro_batch_size: int,
+    token_budget: int | None = None,
 ) -> tuple[list[list[float]], float | None]:
     """Each group's returns, minus ``reference_kl_coef`` times each response's k3 KL to the
     reference when the coefficient is positive; and the mean KL (None without the term)."""
@@ -66,8 +68,8 @@ def kl_shaped_returns(
     prompts = [p for g in groups for p in g.prompt_ids]
     comps = [c for g in groups for c in g.completion_ids]
     kls = k3_per_sequence(
-        sequence_logprobs_nograd(policy, prompts, comps, micro_batch_size),
-        sequence_logprobs_nograd(reference, prompts, comps, micro_batch_size),
+        sequence_logprobs_nograd(policy, prompts, comps, micro_batch_size, token_budget),
+        sequence_logprobs_nograd(reference, prompts, comps, micro_batch_size, token_budget),
     )
     flat = iter(kls)
     shaped = [[r - reference_kl_coef * next(flat) for r in group] for group in returns]
@@ -98,6 +100,7 @@ def update_agent(
     micro_batch_size: int,
     step: int,
     agent: int,
+    token_budget: int | None = None,
     reference: Policy | None = None,
     reference_kl_coef: float = 0.0,
     skip_nonfinite: bool = False,
@@ -108,7 +111,7 @@ def update_agent(
     """One optimizer step on ``groups`` (``group_count``: all processes' groups, default
     ``len(groups)``). A non-finite loss raises :class:`NonFiniteLossError`, or with
     ``skip_nonfinite`` skips the step (``UpdateResult.skipped``)."""
-    returns, kl_mean = kl_shaped_returns(policy, reference, groups, reference_kl_coef, micro_batch_size)
+    returns, kl_mean = kl_shaped_returns(policy, reference, groups, reference_kl_coef, micro_batch_size, token_budget)
     coef, adv_abs = loss_coefficients(returns, advantage_mode, normalize_advantage, group_count or len(returns))
 
     def veto(loss: torch.Tensor) -> bool:
@@ -129,6 +132,7 @@ def update_agent(
         micro_batch_size,
         on_loss=veto,
         group_size=_common_group_size(groups),
+        token_budget=token_budget,
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     finite = loss == loss  # NaN: vetoed and skipping
@@ -137,8 +141,8 @@ def update_agent(
     if not finite:
         optimizer.zero_grad(set_to_none=True)
         return UpdateResult(float("nan"), True, kl_mean, adv_abs)
-    if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if max_grad_norm is not None:  # logged grad_norm: the norm before clipping, as TRL's
+        note_grad_norm(optimizer, torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return UpdateResult(loss, False, kl_mean, adv_abs)

@@ -7,15 +7,16 @@ passes any other option of the backend's own config (``MAGRPOConfig``, ``IACConf
 ``MAACConfig``) through unchanged. Differences from CoMLRL, on purpose:
 
 * ``reward_model_device`` defaults to None (the first agent's device), not ``cuda:0``.
-* ``reference_kl_coef`` (0: off) is honoured by the MAGRPO family only; with ``maac`` /
-  ``iac`` a non-zero value is a config error (their trainers have no reference term).
+* ``reference_kl_coef`` (0: off; ``reference_kl_enabled=false`` turns it off too) is honoured
+  by the MAGRPO family only, with the reference on ``reference_devices`` when given; with
+  ``maac`` / ``iac`` a KL in force is a config error (their trainers have no reference term).
 * ``num_train_epochs`` counts the backend's passes over the training tasks (default 1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from comlrl_core.config.options import ConfigError, check_in, check_positive, check_range, option
 from learners.common.options import check_training_loop
@@ -28,6 +29,8 @@ RL_ALGORITHMS = MAGRPO_FAMILY + ACTOR_CRITIC
 
 @dataclass
 class MARLHFConfig(PreferenceConfig):
+    uses_reference_kl: ClassVar[bool] = True  # the MAGRPO-family backends have a reference term
+
     # -- reward model -------------------------------------------------------------------
     reward_model_name: str | None = option(None, help="backbone model source (None: agent 0's model)")
     reward_model_device: str | None = option(None, help="device of the reward model (None: agent 0's device)")
@@ -45,7 +48,6 @@ class MARLHFConfig(PreferenceConfig):
     max_steps: int | None = option(None, help="RL: stop after this many task items (None: all epochs)")
     rollout_buffer_size: int = option(2, help="RL rollout buffer size (see the backend's config)")
     train_batch_size: int | None = option(None, help="RL mini-batch size (see the backend's config)")
-    reference_kl_coef: float = option(0.0, help="MAGRPO family: k3 KL to the policy at RL start (0: off)")
     critic_type: Literal["v", "q"] = option("v", help="actor-critic: V(h) or Q(h, a)")
     critic_model: str | None = option(None, help="actor-critic: separate critic model source (None: agent 0's)")
     critic_learning_rate: float | None = option(
@@ -66,7 +68,6 @@ class MARLHFConfig(PreferenceConfig):
         if self.reward_max_length is not None:
             check_positive("reward_max_length", self.reward_max_length)
         check_training_loop(self)
-        check_positive("reference_kl_coef", self.reference_kl_coef, allow_zero=True)
         if self.rl_algorithm in MAGRPO_FAMILY and self.num_generations < 2:
             raise ConfigError(
                 f"rl_algorithm={self.rl_algorithm!r} needs num_generations >= 2 (a group baseline), "
@@ -74,7 +75,7 @@ class MARLHFConfig(PreferenceConfig):
                 "num_generations",
             )
         check_positive("num_generations", self.num_generations)
-        if self.rl_algorithm in ACTOR_CRITIC and self.reference_kl_coef > 0:
+        if self.rl_algorithm in ACTOR_CRITIC and self.effective_reference_kl_coef > 0:
             raise ConfigError(
                 f"reference_kl_coef is honoured by the MAGRPO family only; rl_algorithm="
                 f"{self.rl_algorithm!r} has no reference term. Set reference_kl_coef=0",

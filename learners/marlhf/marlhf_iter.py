@@ -28,6 +28,7 @@ from learners.marlhf.reward_env import RewardModelOracle
 from learners.preference.candidates import Oracle
 from learners.preference.iter_config import IterativeOptions
 from learners.preference.iterative import IterativeRounds
+from learners.preference.oracles import JointOracle
 from learners.preference.records import PreferencePair
 
 
@@ -46,15 +47,21 @@ class MARLHFIterTrainer(IterativeRounds, MARLHFTrainer):
     config_class = MARLHFIterConfig
 
     def __init__(
-        self, config: MARLHFIterConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+        self,
+        config: MARLHFIterConfig,
+        team: Any,
+        env: str | Callable[..., Any],
+        *,
+        logger: MetricsLogger | None = None,
+        oracle: JointOracle | None = None,
     ) -> None:
-        super().__init__(config, team, env, logger=logger)
+        super().__init__(config, team, env, logger=logger, oracle=oracle)
         self._init_rounds()
 
     def preference_oracle(self) -> Oracle:
         if self.config.preference_scoring_reward == "reward_model" and self.reward_model is not None:
             return RewardModelOracle(self._score_with_reward_model)
-        return self.task_oracle
+        return self.oracle
 
     def train(self, stop_after_rounds: int | None = None) -> dict[str, float]:
         """Run the remaining rounds; ``stop_after_rounds`` pauses once that many rounds are

@@ -27,11 +27,13 @@ from comlrl_core.config.options import BaseConfig, field_types
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
 from learners.catalog import learner_classes
+from learners.common.reference import frozen_references
 from learners.common.seeding import derive_seed
-from learners.common.trainer_utils import agent_entries, load_own_checkpoint
-from learners.marlhf.marlhf_config import RL_ALGORITHMS, MARLHFConfig
+from learners.common.trainer_utils import agent_entries, checkpoint_keep_last, load_own_checkpoint
+from learners.marlhf.marlhf_config import MAGRPO_FAMILY, RL_ALGORITHMS, MARLHFConfig
 from learners.marlhf.reward_env import RewardSwitch, reward_model_env_factory
 from learners.marlhf.reward_model import JointRewardModel
+from learners.preference.oracles import JointOracle
 from learners.preference.records import PreferencePair
 from learners.preference.trainer_base import PreferenceTrainerBase
 
@@ -53,6 +55,14 @@ _SHARED_OPTIONS = (
     "value_clip_range",
     "agent_learning_rate",
     "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "warmup_ratio",
+    "save_total_limit",
+    "stop",
     "max_grad_norm",
     "logprob_micro_batch_size",
     "max_new_tokens",
@@ -61,6 +71,10 @@ _SHARED_OPTIONS = (
     "top_k",
     "eval_interval",
     "eval_num_samples",
+    # the backend's evaluations (before / after RL) must play the same episodes as MARLHF's
+    # own final one, so that they pair by (task, sample)
+    "eval_episodes_per_task",
+    "eval_k",
     "eval_temperature",
     "logging_steps",
     "seed",
@@ -98,9 +112,15 @@ class MARLHFTrainer(PreferenceTrainerBase):
     config: MARLHFConfig  # the base's __init__ checks the config against config_class
 
     def __init__(
-        self, config: MARLHFConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+        self,
+        config: MARLHFConfig,
+        team: Any,
+        env: str | Callable[..., Any],
+        *,
+        logger: MetricsLogger | None = None,
+        oracle: JointOracle | None = None,
     ) -> None:
-        super().__init__(config, team, env, logger=logger)
+        super().__init__(config, team, env, logger=logger, oracle=oracle)
         self.reward_model: JointRewardModel | None = None
         self.reward_switch = RewardSwitch(self._score_with_reward_model)
         self.backend: Any = None
@@ -153,6 +173,8 @@ class MARLHFTrainer(PreferenceTrainerBase):
         config_cls, _ = backend_classes(c.rl_algorithm)
         names = field_types(config_cls)
         options = {k: getattr(c, k) for k in _SHARED_OPTIONS if k in names}
+        if "reference_kl_coef" in names:  # reference_kl_enabled=false turns the term off
+            options["reference_kl_coef"] = c.effective_reference_kl_coef
         options.update({"num_turns": 1, "output_dir": str(run_dir)})
         if "joint_mode" in names:
             options["joint_mode"] = "aligned"
@@ -161,9 +183,17 @@ class MARLHFTrainer(PreferenceTrainerBase):
 
     def build_backend(self, run_dir: pathlib.Path) -> Any:
         """The RL trainer on reward-model envs; its evaluations use the task reward."""
-        _, trainer_cls = backend_classes(self.config.rl_algorithm)
+        c = self.config
+        _, trainer_cls = backend_classes(c.rl_algorithm)
+        extra: dict[str, Any] = {}
+        if c.reference_devices and c.rl_algorithm in MAGRPO_FAMILY and c.effective_reference_kl_coef > 0:
+            # the policies as they are at RL start, frozen on the reference devices
+            extra["reference_policies"] = frozen_references(self.policies, c.reference_devices)
         backend = trainer_cls(
-            self.backend_config(run_dir), self.team, reward_model_env_factory(self._env_spec, self.reward_switch)
+            self.backend_config(run_dir),
+            self.team,
+            reward_model_env_factory(self._env_spec, self.reward_switch),
+            **extra,
         )
         own_evaluate = backend.evaluate
         switch = self.reward_switch
@@ -236,7 +266,11 @@ class MARLHFTrainer(PreferenceTrainerBase):
         """Policies, the reward model, the pairs and the cursor, atomically."""
         path = directory or checkpoint_path(self.run_dir / "checkpoints", self.global_step)
         return save_checkpoint(
-            path, policies=agent_entries(self.policies), cursor=self._cursor(), extra_files=self._extra_files()
+            path,
+            policies=agent_entries(self.policies),
+            cursor=self._cursor(),
+            extra_files=self._extra_files(),
+            keep_last=checkpoint_keep_last(self.config, path),  # save_total_limit
         )
 
     def resume_from_checkpoint(self, directory: str | pathlib.Path | None = None) -> pathlib.Path:

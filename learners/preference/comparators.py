@@ -15,14 +15,18 @@
 
 ``comparator_generation_mode="centralized"``: one comparator (``comparator_centralized_agent_index``)
 writes every role in one response, built by :func:`centralized_prompt` and split by
-:func:`parse_centralized` (sections ``<agent_0>...</agent_0>``, ``<agent_1>`` ...). An
-unparseable response drops that candidate index (counted in ``dropped``); it never raises.
+:func:`parse_centralized` (sections ``<agent_0>...</agent_0>``, ``<agent_1>`` ...). As in
+CoMLRL, a missing role section reads as an empty response (a *partial* parse, counted in
+``iter/comparator_partial``). A response with no section at all drops that candidate index
+(counted in ``iter/comparator_dropped``) where CoMLRL raises: one unreadable sample of a
+comparator should not end a training run.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from comlrl_core.policy import GenerationConfig, Policy
@@ -41,15 +45,63 @@ def centralized_prompt(prompts: Sequence[str], agent_names: Sequence[str]) -> st
     )
 
 
-def parse_centralized(text: str, num_agents: int) -> list[str] | None:
-    """Every role's section of a centralized response, or None when a section is missing."""
-    out = []
+def parse_centralized(text: str, num_agents: int) -> tuple[list[str] | None, int]:
+    """``(every role's section, how many sections were missing)``. A missing section reads as
+    ``""`` (CoMLRL's rule); the sections are None only when none is found at all."""
+    out, missing = [], 0
     for i in range(num_agents):
         match = re.search(rf"<\s*agent_{i}\s*>(.*?)<\s*/\s*agent_{i}\s*>", str(text), flags=re.IGNORECASE | re.DOTALL)
-        if match is None:
-            return None
-        out.append(match.group(1).strip())
-    return out
+        missing += match is None
+        out.append("" if match is None else match.group(1).strip())
+    return (None if missing == num_agents else out), missing
+
+
+@dataclass
+class ParseCounts:
+    """Centralized responses of one sampling call: dropped (no section) and partial (some missing)."""
+
+    dropped: int = 0
+    partial: int = 0
+
+
+def render_centralized(parts: Sequence[str]) -> str:
+    """Role texts as one centralized response, in the tag format :func:`parse_centralized` reads."""
+    return "\n".join(f"<agent_{i}>\n{text}\n</agent_{i}>" for i, text in enumerate(parts))
+
+
+def sample_centralized(
+    tasks: Sequence[TaskCandidates],
+    actor: Policy,
+    agent_names: Sequence[str],
+    num_candidates: int,
+    generation_config: GenerationConfig,
+    seed: int,
+    *,
+    keep_token_ids: bool,
+    **generate_kwargs: Any,
+) -> ParseCounts:
+    """Fill ``tasks[*].candidates`` with ``actor``'s centralized responses (one call for every task).
+
+    Each response is split into role texts (the candidate's ``completions``); a response with
+    no section at all becomes a dropped (None) candidate. With ``keep_token_ids`` the task
+    keeps ``prompt_ids = [centralized prompt ids]`` and each candidate ``token_ids = [ids of
+    the whole response]``: one sequence, the actor's, scored over the whole joint completion.
+    """
+    prompts = [centralized_prompt(t.prompts, agent_names) for t in tasks]
+    outs = actor.generate(
+        prompts, num_samples=num_candidates, generation_config=generation_config, seed=seed, **generate_kwargs
+    )
+    counts = ParseCounts()
+    for task, group in zip(tasks, outs, strict=True):
+        task.prompt_ids = [list(group[0].prompt_token_ids)] if keep_token_ids and group else None
+        task.candidates = []
+        for completion in group:
+            parts, missing = parse_centralized(completion.text, len(agent_names))
+            counts.dropped += parts is None
+            counts.partial += parts is not None and missing > 0
+            ids = [list(completion.token_ids)] if keep_token_ids else None
+            task.candidates.append(None if parts is None else JointCandidate(completions=parts, token_ids=ids))
+    return counts
 
 
 class Comparator:
@@ -67,6 +119,7 @@ class Comparator:
         self.agent_names = list(agent_names)
         self.centralized_index = centralized_index
         self.kind = kind
+        self.last_partial = 0  # centralized: responses of the last sample() missing some role's section
         if centralized_index is not None and not 0 <= centralized_index < len(self.policies):
             raise ValueError(
                 f"comparator_centralized_agent_index={centralized_index} but there are {len(self.policies)} agents"
@@ -79,7 +132,9 @@ class Comparator:
         generation_config: GenerationConfig,
         seeds: Sequence[int],
     ) -> int:
-        """Fill ``tasks[*].candidates`` (text only); returns how many candidates were dropped."""
+        """Fill ``tasks[*].candidates`` (text only); returns how many candidates were dropped
+        (``last_partial``: how many kept ones missed a role's section, filled with "")."""
+        self.last_partial = 0
         if self.centralized_index is None:
             if self.kind == "api":
                 self._sample_api(tasks, num_candidates, generation_config, seeds)
@@ -91,25 +146,19 @@ class Comparator:
                     if cand is not None:  # None: a dropped candidate
                         cand.token_ids = None
             return 0
-        policy = self.policies[self.centralized_index]
-        prompts = [centralized_prompt(t.prompts, self.agent_names) for t in tasks]
         context = self._api_context(self.centralized_index, tasks) if self.kind == "api" else {}
-        outs = policy.generate(
-            prompts,
-            num_samples=num_candidates,
-            generation_config=generation_config,
-            seed=int(seeds[self.centralized_index]),
+        counts = sample_centralized(
+            tasks,
+            self.policies[self.centralized_index],
+            self.agent_names,
+            num_candidates,
+            generation_config,
+            int(seeds[self.centralized_index]),
+            keep_token_ids=False,  # ids of the comparator's own tokenizer are of no use to the target
             **context,
         )
-        dropped = 0
-        for task, group in zip(tasks, outs, strict=True):
-            task.prompt_ids = None
-            task.candidates = []
-            for completion in group:
-                parts = parse_centralized(completion.text, len(self.agent_names))
-                dropped += parts is None
-                task.candidates.append(None if parts is None else JointCandidate(completions=parts))
-        return dropped
+        self.last_partial = counts.partial
+        return counts.dropped
 
     @staticmethod
     def _api_context(agent_index: int, tasks: Sequence[TaskCandidates]) -> dict[str, Any]:

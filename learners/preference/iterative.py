@@ -58,6 +58,7 @@ class IterativeRounds:
         agent_names: list[str]
         run_dir: pathlib.Path
         task_oracle: TaskRewardOracle
+        oracle: Oracle  # the trainer's oracle= hook, else task_oracle
         pairs: list[PreferencePair] | None  # the round's training pairs; None between rounds
         finished: bool
 
@@ -208,7 +209,7 @@ class IterativeRounds:
 
     # -- collection -------------------------------------------------------------------
     def preference_oracle(self) -> Oracle:
-        return self.task_oracle
+        return self.oracle
 
     def collect_round(self, round_: int, comparator: Comparator) -> tuple[list[PreferencePair], dict[str, float]]:
         c = self.config
@@ -216,7 +217,7 @@ class IterativeRounds:
         n_target = c.preference_num_candidates
         n_comp = c.comparator_num_candidates or n_target
         pairs: list[PreferencePair] = []
-        t0, dropped, target_r, comp_r, wins = time.perf_counter(), 0, [], [], 0
+        t0, dropped, partial, target_r, comp_r, wins = time.perf_counter(), 0, 0, [], [], 0
         for b, tasks in enumerate(self.task_batches()):
             target = self.sample_tasks(tasks, self.policies, n_target, (COLLECT, round_, b), oracle)
             others = [TaskCandidates(task=t.task, env=t.env, prompts=list(t.prompts)) for t in target]
@@ -226,6 +227,7 @@ class IterativeRounds:
                 self.generation_config(),
                 [derive_seed(c.seed, COMPARATOR, round_, b, i) for i in range(len(self.policies))],
             )
+            partial += comparator.last_partial
             score_tasks(oracle, others)
             for t, o in zip(target, others, strict=True):
                 found = pairs_against(
@@ -249,6 +251,7 @@ class IterativeRounds:
             "iter/target_reward_mean": _mean(target_r),
             "iter/comparator_reward_mean": _mean(comp_r),
             "iter/comparator_dropped": float(dropped),
+            "iter/comparator_partial": float(partial),  # kept, with a role's section missing (read as "")
             "iter/comparator_loads": float(self.comparator_loads),  # weight (re)loads so far
             "time/collect_s": time.perf_counter() - t0,
         }

@@ -47,7 +47,8 @@ class PreferencePair:
     raw_rewards: list[float] | None = None
     target_raw_reward: float | None = None
     comparator_raw_reward: float | None = None
-    # per agent: prompt ids and the winner's / loser's completion ids (None: tokenise the texts)
+    # per agent: prompt ids and the winner's / loser's completion ids (None: tokenise the texts);
+    # centralized MADPO: one entry each, the actor's centralized prompt and whole response
     prompt_ids: list[list[int]] | None = field(default=None, repr=False)
     winner_ids: list[list[int]] | None = field(default=None, repr=False)
     loser_ids: list[list[int]] | None = field(default=None, repr=False)
@@ -60,8 +61,14 @@ class PreferencePair:
                 f"{n} prompts, {len(self.winner_completions)} winners, {len(self.loser_completions)} losers"
             )
         ids = (self.prompt_ids, self.winner_ids, self.loser_ids)
-        if any(x is not None for x in ids) and not all(x is not None and len(x) == n for x in ids):
-            raise ValueError("token ids must be given for prompt, winner and loser of every agent, or not at all")
+        if any(x is not None for x in ids):
+            # one sequence per agent, or one in all: a centralized actor's whole response
+            sizes = {len(x) if x is not None else -1 for x in ids}
+            if len(sizes) != 1 or sizes.pop() not in (n, 1):
+                raise ValueError(
+                    "token ids must be given for prompt, winner and loser of every agent (or, centralized, "
+                    "one sequence each), or not at all"
+                )
 
     @property
     def num_agents(self) -> int:

@@ -27,6 +27,7 @@ from learners.preference.candidates import (
     sample_candidates,
     score_tasks,
 )
+from learners.preference.oracles import CallableOracle, JointOracle
 from learners.preference.pref_config import PreferenceConfig
 from learners.preference.records import PreferencePair
 
@@ -42,7 +43,13 @@ class PreferenceTrainerBase(TrainerCommon):
     config_class: type = PreferenceConfig
 
     def __init__(
-        self, config: PreferenceConfig, team: Any, env: str | Callable[..., Any], *, logger: MetricsLogger | None = None
+        self,
+        config: PreferenceConfig,
+        team: Any,
+        env: str | Callable[..., Any],
+        *,
+        logger: MetricsLogger | None = None,
+        oracle: JointOracle | None = None,
     ) -> None:
         if not isinstance(config, self.config_class):
             raise TypeError(f"config must be a {self.config_class.__name__}, got {type(config).__name__}")
@@ -53,9 +60,11 @@ class PreferenceTrainerBase(TrainerCommon):
         tune_host_memory(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
-        self.agent_names = check_team_fits_env(self.policies, self.env)
+        self.agent_names = self._check_team()
         self.num_tasks = num_tasks(self.env)
         self.task_oracle = TaskRewardOracle(self.agent_names)
+        # what scores candidates for preferences: the user's oracle, else the task reward
+        self.oracle: Oracle = self.task_oracle if oracle is None else CallableOracle(oracle)
         self._eval_env: Any = None
         self.run_dir = pathlib.Path(config.output_dir)
         self._logger = logger
@@ -63,6 +72,10 @@ class PreferenceTrainerBase(TrainerCommon):
         self.global_step = 0  # optimizer updates (per agent) so far
 
     # -- setup ----------------------------------------------------------------------
+    def _check_team(self) -> list[str]:
+        """The env's agent names, once the team fits the env (one policy per agent)."""
+        return check_team_fits_env(self.policies, self.env)
+
     def _env_kwargs(self, task_slice: str | None) -> dict[str, Any]:
         """The env's constructor arguments for the split ``task_slice`` (one turn)."""
         return dict(num_turns=1, task_slice=task_slice, **self.config.env_kwargs)
@@ -117,7 +130,7 @@ class PreferenceTrainerBase(TrainerCommon):
         self, oracle: Oracle | None = None, round_index: int = 0
     ) -> tuple[list[PreferencePair], dict[str, float]]:
         """Pairs from every training task's own candidates (base trainers)."""
-        c, oracle = self.config, oracle or self.task_oracle
+        c, oracle = self.config, oracle or self.oracle
         pairs: list[PreferencePair] = []
         t0, rewards, tasks_without = time.perf_counter(), [], 0
         for b, tasks in enumerate(self.task_batches()):

@@ -24,7 +24,7 @@ def test_main_job_writes_the_run_folder(tmp_path):
         ]
     )
     assert rc == 0
-    for name in ("metrics.jsonl", "reward_curve.png", "pass_at_k.png", "eval.md", "eval.json", "config.yaml"):
+    for name in ("metrics.jsonl", "reward_curve.png", "eval_components.png", "eval.md", "eval.json", "config.yaml"):
         assert (out / name).is_file(), name
     assert any((out / "checkpoints").iterdir())
     rows = read_metrics(out)
@@ -34,11 +34,25 @@ def test_main_job_writes_the_run_folder(tmp_path):
     table = (out / "eval.md").read_text()
     assert "| eval/pass@1 |" in table and "| eval/turn_2/reward_mean |" in table
     evals = json.loads((out / "eval.json").read_text())
-    assert evals == {"before": eval_rows[0], "after": eval_rows[-1]} and 0.0 <= evals["after"]["eval/pass@1"] <= 1.0
+    assert (evals["before"], evals["after"]) == (eval_rows[0], eval_rows[-1]) and 0.0 <= evals["after"][
+        "eval/pass@1"
+    ] <= 1.0
+    # the table's intervals: paired bootstrap of after - before over the held-out problems
+    assert "| metric | before | after | difference | 95% CI |" in table and evals["num_episodes"] == 2
+    for key in ("eval/return_mean", "eval/test_pass_rate", "eval/pass@1", "eval/cooperation_rate"):
+        iv = evals["comparison"][key]
+        assert iv["low"] <= iv["difference"] <= iv["high"] and f"| {key} |" in table
+    assert evals["seed"] == 7 and evals["command"].startswith("comlrl main --out")
     # the table's "after" column is what `comlrl eval --checkpoint` gives for the run folder
     replay = tmp_path / "replay.json"
     assert cli_main(["eval", "--checkpoint", str(out), "--out", str(replay)]) == 0
     assert json.loads(replay.read_text()) == evals["after"]
+    # ... and `comlrl export` turns it into folders that plain transformers loads
+    exported = tmp_path / "export"
+    assert cli_main(["export", str(out), "--out", str(exported)]) == 0
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(exported / "agent_0").config.model_type == "llama"
     cells = [line.split("|") for line in table.splitlines() if line.startswith("| eval/")]
     after_column = {cell[1].strip(): cell[3].strip() for cell in cells}
     assert after_column and all(after_column[k] == f"{evals['after'][k]:.4f}" for k in after_column)

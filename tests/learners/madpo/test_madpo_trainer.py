@@ -142,3 +142,14 @@ def test_madpo_raises_the_win_rate_on_writing(tmp_path):
     assert sum(after) / len(after) > sum(before) / len(before)
     accuracy = [h["preference/accuracy"] for h in trainer.history if "preference/accuracy" in h]
     assert accuracy[-1] == 1.0 and accuracy[0] < 1.0
+
+
+@pytest.mark.parametrize("config_cls", ["MADPOConfig", "MADPOIterConfig"])
+def test_madpo_accepts_and_ignores_the_reference_kl_options(config_cls):
+    import learners.madpo as madpo
+
+    cfg = getattr(madpo, config_cls).from_dict(
+        {"reference_kl_enabled": True, "reference_kl_coef": 0.1, "reference_devices": "cuda:1"}
+    )
+    assert cfg.reference_devices == ["cuda:1"]
+    assert cfg.effective_reference_kl_coef == 0.0  # MADPO's loss has no reference term

@@ -151,14 +151,23 @@ def test_baseline_trainers_use_their_mode_and_reject_another(tmp_path):
 
 
 def test_the_four_trainers_update_differently(tmp_path):
-    finals = []
+    finals, advantages = [], []
     for cls in (MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer):
         pol = [BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]
-        _trainer(tmp_path / cls.__name__, cls=cls, policies=pol, rollout_buffer_size=1, max_steps=2).train()
+        trainer = _trainer(tmp_path / cls.__name__, cls=cls, policies=pol, rollout_buffer_size=1, max_steps=2)
+        trainer.train()
         finals.append(pol[0].logits.detach().clone())
+        advantages.append([row["agent_0/advantage_abs_mean"] for row in trainer.history])
+    # the same rollouts (same seeds), different baselines: different advantages at every step
     for i in range(4):
         for j in range(i + 1, 4):
-            assert not torch.allclose(finals[i], finals[j])
+            assert all(a != pytest.approx(b) for a, b in zip(advantages[i], advantages[j], strict=True))
+    # ...and different weights, except mean vs leave-one-out: with groups of one size G the
+    # leave-one-out advantage is G / (G - 1) times the mean-baseline one, and Adam's update
+    # does not change when every gradient is scaled by one constant
+    for i, j in [(0, 1), (0, 3), (1, 2), (1, 3), (2, 3)]:
+        assert not torch.allclose(finals[i], finals[j])
+    assert advantages[2] == pytest.approx([a * 4 / 3 for a in advantages[0]])
 
 
 def test_team_must_fit_the_env(tmp_path):

@@ -110,3 +110,45 @@ def test_iterative_reward_model_scoring_falls_back_to_the_task_reward(tmp_path):
     assert type(oracles[1]).__name__ == "RewardModelOracle"
     assert models == [1, 2]  # a fresh reward model every round
     assert (tmp_path / "run" / "rl" / "iteration_0002").is_dir()
+
+
+def test_reference_kl_options_reach_the_magrpo_backend_with_the_reference_on_its_device(tmp_path):
+    from learners.common.reference import DeviceReference
+
+    cfg = MARLHFConfig(**_kw(tmp_path, reference_kl_enabled=True, reference_kl_coef=0.05, reference_devices="cpu"))
+    assert cfg.reference_devices == ["cpu"]  # CoMLRL's single-string form
+    pols = [TextBigram(init_seed=1), TextBigram(init_seed=2)]
+    trainer = MARLHFTrainer(cfg, FakeTeam(pols), env_factory(a_fraction))
+    backend = trainer.build_backend(tmp_path / "rl")
+    assert backend.config.reference_kl_coef == 0.05
+    refs = backend.reference_policies
+    assert len(refs) == 2 and all(isinstance(r, DeviceReference) for r in refs)
+    for ref, live in zip(refs, pols, strict=True):
+        assert ref.reference is not live and torch.equal(ref.reference.logits, live.logits)
+        assert not ref.reference.logits.requires_grad
+        logp, _ = ref.token_logprobs([[1, 2]], [[3, 0]])
+        want, _ = live.token_logprobs([[1, 2]], [[3, 0]])
+        assert torch.allclose(logp, want.detach())
+
+
+def test_reference_kl_enabled_false_turns_the_term_off(tmp_path):
+    cfg = MARLHFConfig(**_kw(tmp_path, reference_kl_enabled=False, reference_kl_coef=0.05))
+    assert cfg.effective_reference_kl_coef == 0.0
+    trainer = MARLHFTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction))
+    assert trainer.backend_config(tmp_path / "rl").reference_kl_coef == 0.0
+    # off, so an actor-critic backend (no reference term) accepts the copied options
+    MARLHFConfig(rl_algorithm="iac", reference_kl_enabled=False, reference_kl_coef=0.05)
+    with pytest.raises(ConfigError, match="reference_kl_coef"):
+        MARLHFConfig(reference_kl_enabled=True, reference_kl_coef=0.0)
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "iac"])
+def test_backend_evaluates_as_many_episodes_per_task_as_marlhf(tmp_path, algo):
+    """The backend's evaluation (before RL) and MARLHF's final one play the same
+    (task, sample) episodes, so a before / after comparison can pair them."""
+    extra = {} if algo == "magrpo" else dict(num_generations=1, rl_kwargs={"critic_model": "tiny-random"})
+    cfg = MARLHFConfig(**_kw(tmp_path, rl_algorithm=algo, eval_episodes_per_task=3, eval_k=[1, 2], **extra))
+    trainer = MARLHFTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction))
+    backend = trainer.backend_config(tmp_path / "rl")
+    assert backend.eval_episodes_per_task == 3
+    assert list(backend.eval_k) == [1, 2]

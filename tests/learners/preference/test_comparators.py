@@ -16,17 +16,25 @@ from comlrl_core.policy import GenerationConfig
 from comlrl_core.remote.config import RemoteModelConfig
 from learners.madpo import MADPOIterConfig, MADPOIterTrainer
 from learners.preference.candidates import TaskCandidates
-from learners.preference.comparators import Comparator, centralized_prompt, parse_centralized
+from learners.preference.comparators import (
+    Comparator,
+    centralized_prompt,
+    parse_centralized,
+)
 
 
 def test_parse_centralized():
-    assert parse_centralized("<agent_0> hi </agent_0>\n<AGENT_1>yo</agent_1>", 2) == ["hi", "yo"]
-    assert parse_centralized("<agent_0>only one</agent_0>", 2) is None
-    assert parse_centralized("", 1) is None
+    assert parse_centralized("<agent_0> hi </agent_0>\n<AGENT_1>yo</agent_1>", 2) == (["hi", "yo"], 0)
+    # CoMLRL's rule: a missing role section reads as an empty response ...
+    assert parse_centralized("<agent_0>only one</agent_0>", 2) == (["only one", ""], 1)
+    assert parse_centralized("<agent_1>second</agent_1>", 3) == (["", "second", ""], 2)
+    # ... and only a response without any section is unreadable
+    assert parse_centralized("", 1) == (None, 1)
+    assert parse_centralized("no tags here", 2) == (None, 2)
     assert "<agent_1>" in centralized_prompt(["p0", "p1"], ["a", "b"])
 
 
-def test_centralized_comparator_drops_unparseable_candidates():
+def test_centralized_comparator_fills_missing_sections_and_drops_only_sectionless():
     replies = iter(
         [
             "<agent_0>x</agent_0><agent_1>y</agent_1>",
@@ -48,8 +56,14 @@ def test_centralized_comparator_drops_unparseable_candidates():
         TaskCandidates(task=1, env=None, prompts=["q0", "q1"]),
     ]
     dropped = comp.sample(tasks, 4, GenerationConfig(), [0, 1])
-    assert dropped == 4
-    assert [None if c is None else c.completions for c in tasks[0].candidates] == [["x", "y"], None, None, ["a", "b"]]
+    assert dropped == 2  # "garbage", once per task
+    assert comp.last_partial == 2  # "<agent_0>z</agent_0>", once per task: kept, agent_1 empty
+    assert [None if c is None else c.completions for c in tasks[0].candidates] == [
+        ["x", "y"],
+        None,
+        ["z", ""],
+        ["a", "b"],
+    ]
     assert all("p0" in s and "p1" in s for s in seen[:4])
 
 

@@ -1,0 +1,476 @@
+"""Generation speed: our sampler against transformers' ``generate``, and the hardware's ceiling.
+
+For every batch size and model kind, side by side in one process on the SAME model object
+and the same distinct prompts:
+
+- ``ours``: ``TransformersPolicy.generate`` (the real call path: chat template, sampling,
+  detokenisation);
+- ``HF``: transformers' ``model.generate`` on the same prompt token ids (left-padded),
+  ``do_sample=True`` with the same temperature / top-k / top-p.
+
+EOS is off in both, so both decode exactly ``--new-tokens`` tokens per row: transformers by
+``min_new_tokens == max_new_tokens``, ours by giving the policy an EOS id no token has. The
+tokens actually produced per row are printed too (a sampler change that brings EOS back
+shows up there, and the rates count the tokens really produced).
+
+Prefill and decoding are told apart inside each call by a hook on the model's input
+embeddings, where every forward pass starts: passes of more than one position are the
+prefill, one-position passes are decoding steps. Prefill time: from the call's start to
+the first decoding step (so it holds the first token, and each sampler's per-call setup:
+ours tokenises the prompts and packs the weights there). Decode rate: the tokens after
+the first, ``(T - 1) * B``, over the time from the first decoding step to the call's end.
+(Two calls, one for a single token and one for T, subtracted, drown in noise on a busy
+machine; one call timed inside does not.)
+
+Hardware limits, measured in the same process: memory copy bandwidth (a large fp32 tensor
+copy; bytes read + bytes written per second), the matrix read rate (a matrix-vector product
+over the same bytes: what a batch-1 decoding step does) and the fp32 GEMM rate (a large
+square matmul). The decode ceiling at batch B: a step reads every weight once (``weight
+bytes / bandwidth``, the better of the two bandwidths) and does ``2 * params * B`` flops
+(``/ GEMM rate``); with both overlapped the step takes the larger of the two, without
+overlap their sum (KV-cache traffic and attention are left out, so both ceilings are
+optimistic). The same matmul in bf16 is timed too, next
+to whether the CPU has bf16 hardware: where it is slower than fp32, so is
+``mixed_precision: bf16`` (docs/performance.md, "Mixed precision on CPU").
+
+    .venv/bin/python bench/generate.py                      # SmolLM2-135M, batches 1,4,16,64
+    .venv/bin/python bench/generate.py --batches 1,16 --new-tokens 48
+    .venv/bin/python bench/generate.py --quick              # tiny random model, seconds
+
+Targets (issue 15, a 2-core CPU): decode at batch 16 >= 2x transformers' generate, at
+batch 1 >= 1.5x; prefill no slower than transformers'. Figures only, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import math
+import os
+import random
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+MODELS = {"tiny": "tiny-random", "smollm2": "smollm2-135m-instruct"}
+KINDS = ("full", "lora")
+T = TypeVar("T")
+NO_EOS = -1  # an EOS id no sampled token can equal
+# targets of issue 15: our rate / transformers' rate
+DECODE_TARGETS = {16: 2.0, 1: 1.5}
+
+_WORDS = (
+    "agent team code test value list string number function return result error input output "
+    "reward model token prompt batch cache layer weight matrix vector sample policy update "
+    "gradient step loss train write read file line check parse format sort merge split count "
+    "table column row index key map set queue stack tree node edge graph path search score "
+    "river mountain city market garden window letter story answer question reason plan task"
+).split()
+
+
+@dataclass
+class Hardware:
+    copy_gb_s: float  # bytes read + bytes written per second, in 1e9
+    gemv_read_gb_s: float  # matrix bytes read per second by a matrix-vector product
+    gemm_gflop_s: float
+    gemm_bf16_gflop_s: float  # the same matmul in bf16: what bf16 mixed precision could gain
+    copy_mb: int
+    gemm_n: int
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        """The weight-read rate the ceilings use: the better of copy and matrix-vector."""
+        return max(self.copy_gb_s, self.gemv_read_gb_s)
+
+
+@dataclass
+class Row:
+    """One model kind at one batch size: both samplers side by side."""
+
+    kind: str
+    batch: int
+    prefill_ours_s: float
+    prefill_hf_s: float
+    decode_ours_tok_s: float
+    decode_hf_tok_s: float
+    tokens_ours: float  # new tokens per row actually produced
+    tokens_hf: float
+    ceiling_tok_s: float  # bandwidth and compute overlapped
+    ceiling_serial_tok_s: float  # no overlap
+
+
+def _best_time(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
+    """The fastest of ``repeats`` calls (at least one) and the last call's result."""
+    best = math.inf
+    for _ in range(max(repeats, 1) - 1):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    start = time.perf_counter()
+    result = fn()
+    return min(best, time.perf_counter() - start), result
+
+
+def measure_hardware(copy_mb: int, gemm_n: int, repeats: int = 5) -> Hardware:
+    """Copy bandwidth and fp32 GEMM rate of this process's threads (best of ``repeats``)."""
+    src = torch.rand(copy_mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in before timing
+    copy_s, _ = _best_time(lambda: dst.copy_(src), repeats)
+    # a batch-1 decoding step is a chain of matrix-vector products: each reads its weights once
+    side = int(math.isqrt(src.numel()))
+    matrix, vector = src[: side * side].view(side, side), torch.rand(side)
+    torch.mv(matrix, vector)
+    gemv_s, _ = _best_time(lambda: torch.mv(matrix, vector), repeats)
+    a, b = torch.rand(gemm_n, gemm_n), torch.rand(gemm_n, gemm_n)
+    a @ b  # warm-up: thread pool, GEMM library dispatch
+    gemm_s, _ = _best_time(lambda: a @ b, max(2, repeats // 2))
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    a16 @ b16
+    gemm_bf16_s, _ = _best_time(lambda: a16 @ b16, max(2, repeats // 2))
+    return Hardware(
+        copy_gb_s=2 * src.numel() * 4 / copy_s / 1e9,
+        gemv_read_gb_s=side * side * 4 / gemv_s / 1e9,
+        gemm_gflop_s=2 * gemm_n**3 / gemm_s / 1e9,
+        gemm_bf16_gflop_s=2 * gemm_n**3 / gemm_bf16_s / 1e9,
+        copy_mb=copy_mb,
+        gemm_n=gemm_n,
+    )
+
+
+def ceilings(params: int, weight_bytes: int, batch: int, hw: Hardware) -> tuple[float, float]:
+    """Decode tok/s bounds at ``batch``: (overlapped, serial) weight traffic and arithmetic.
+    The weights are read at the better of the two measured rates (a bound must not be low)."""
+    read_s = weight_bytes / (hw.bandwidth_gb_s * 1e9)
+    compute_s = 2 * params * batch / (hw.gemm_gflop_s * 1e9)
+    return batch / max(read_s, compute_s), batch / (read_s + compute_s)
+
+
+def weight_footprint(policy) -> tuple[int, int]:
+    """(parameters, bytes) one decoding step of ``policy`` reads: every weight once (tied
+    ones once), a LoRA policy's own adapter but not the other agents' adapters."""
+    params = nbytes = 0
+    mine = f".{policy.adapter_name}." if policy.adapter_name else None
+    for name, p in policy.model.named_parameters():  # tied weights are listed once
+        if mine is not None and "lora_" in name and mine not in name:
+            continue
+        params += p.numel()
+        nbytes += p.numel() * p.element_size()
+    return params, nbytes
+
+
+def make_prompts(policy, count: int, tokens: int, seed: int = 0) -> list[str]:
+    """``count`` distinct prompts of about ``tokens`` tokens each after the chat template."""
+    tokenizer = policy.tokenizer
+    prompts = []
+    for i in range(count):
+        rng = random.Random(seed * 100_003 + i)
+        head = f"Request {i}: read these notes and write a short summary.\n"
+        overhead = len(policy.encode_prompt(head))
+        body_ids = tokenizer(" ".join(rng.choice(_WORDS) for _ in range(2 * tokens)), add_special_tokens=False)
+        body = tokenizer.decode(body_ids["input_ids"][: max(tokens - overhead, 1)])
+        prompts.append(head + body)
+    return prompts
+
+
+@contextlib.contextmanager
+def eos_off(policy) -> Iterator[None]:
+    """Our sampler without EOS for the duration: every row decodes the full budget."""
+    saved = policy.eos_token_ids
+    policy.eos_token_ids = [NO_EOS]
+    try:
+        yield
+    finally:
+        policy.eos_token_ids = saved
+
+
+def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = torch.tensor(list(row))
+        mask[b, width - len(row) :] = 1
+    return ids, mask
+
+
+class Samplers:
+    """Both samplers of one policy, each returning the new tokens it produced per row."""
+
+    def __init__(self, policy, prompts: Sequence[str], temperature: float, top_k: int, top_p: float) -> None:
+        self.policy = policy
+        self.prompts = list(prompts)
+        self.encoded = [policy.encode_prompt(p) for p in prompts]
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+
+    def ours(self, batch: int, new_tokens: int) -> float:
+        from comlrl_core.policy import GenerationConfig
+
+        cfg = GenerationConfig(
+            max_new_tokens=new_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
+        )
+        with eos_off(self.policy):
+            out = self.policy.generate(self.prompts[:batch], 1, cfg, seed=0)
+        return sum(len(group[0].token_ids) for group in out) / batch
+
+    def hf(self, batch: int, new_tokens: int) -> float:
+        policy = self.policy
+        ids, mask = _left_pad(self.encoded[:batch], policy.pad_token_id)
+        sampling: dict[str, object] = {"do_sample": False}  # temperature 0: greedy, as ours
+        if self.temperature > 0:
+            sampling = {"do_sample": True, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        policy.activate()  # LoRA: this agent's adapter
+        torch.manual_seed(0)
+        out = policy.model.generate(
+            input_ids=ids.to(policy.device),
+            attention_mask=mask.to(policy.device),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,  # suppresses EOS until the budget is spent
+            pad_token_id=policy.pad_token_id,
+            eos_token_id=policy.eos_token_ids,
+            **sampling,
+        )
+        return float(out.shape[1] - ids.shape[1])
+
+
+class ForwardClock:
+    """Times the model's forward passes from inside a sampler's call: a pre-hook on the
+    input embeddings (every forward starts there) records when each pass starts and how
+    many positions it feeds. Passes of more than one position are the prefill; each
+    one-position pass is a decoding step."""
+
+    def __init__(self, policy) -> None:
+        model = policy.model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the transformers model
+        self.embeddings: torch.nn.Module = base.get_input_embeddings()
+        self.starts: list[tuple[float, int]] = []  # (time, positions fed) per forward pass
+
+    def _record(self, module: torch.nn.Module, inputs: tuple) -> None:
+        self.starts.append((time.perf_counter(), int(inputs[0].shape[-1])))
+
+    def measure(self, call: Callable[[], float]) -> tuple[float, float, float]:
+        """(prefill seconds, decode seconds, new tokens per row) of one call: the prefill runs
+        from the call's start to the first decoding step, decoding from there to the end."""
+        self.starts.clear()
+        handle = self.embeddings.register_forward_pre_hook(self._record)
+        try:
+            start = time.perf_counter()
+            per_row = call()
+            end = time.perf_counter()
+        finally:
+            handle.remove()
+        steps = [t for t, positions in self.starts if positions == 1]
+        first_step = steps[0] if steps else end
+        return first_step - start, end - first_step, per_row
+
+
+def prefill_and_decode(
+    clock: ForwardClock, sampler: Callable[[int, int], float], batch: int, new_tokens: int, repeats: int
+) -> tuple[float, float, float]:
+    """(prefill seconds, decode tok/s, new tokens per row) of one sampler at ``batch``, each
+    the best of ``repeats`` calls. The decode rate counts the tokens after the first."""
+    best_prefill, best_rate, per_row = math.inf, 0.0, 0.0
+    for _ in range(max(repeats, 1)):
+        prefill_s, decode_s, per_row = clock.measure(lambda: sampler(batch, new_tokens))
+        best_prefill = min(best_prefill, prefill_s)
+        after_first = (per_row - 1) * batch
+        if decode_s > 0 and after_first > 0:
+            best_rate = max(best_rate, after_first / decode_s)
+    return best_prefill, best_rate or math.nan, per_row  # NaN: nothing decoded after the first token
+
+
+def bench_policy(kind: str, policy, args: argparse.Namespace, hw: Hardware, log: Callable[[str], None]) -> list[Row]:
+    policy.eval()
+    samplers = Samplers(policy, make_prompts(policy, max(args.batches), args.prompt_tokens), *args.sampling)
+    widths = [len(e) for e in samplers.encoded]
+    log(f"  {kind}: prompts {min(widths)}-{max(widths)} tokens; warming up both samplers")
+    samplers.ours(min(args.batches), 2)
+    samplers.hf(min(args.batches), 2)
+    params, weight_bytes = weight_footprint(policy)
+    clock = ForwardClock(policy)
+    rows = []
+    for batch in args.batches:
+        prefill_ours, decode_ours, tokens_ours = prefill_and_decode(
+            clock, samplers.ours, batch, args.new_tokens, args.repeats
+        )
+        prefill_hf, decode_hf, tokens_hf = prefill_and_decode(clock, samplers.hf, batch, args.new_tokens, args.repeats)
+        ceiling, serial = ceilings(params, weight_bytes, batch, hw)
+        rows.append(
+            Row(kind, batch, prefill_ours, prefill_hf, decode_ours, decode_hf, tokens_ours, tokens_hf, ceiling, serial)
+        )
+        log(f"  {kind} batch {batch}: decode ours {decode_ours:.1f} tok/s, HF {decode_hf:.1f} tok/s")
+    return rows
+
+
+def build_policy(kind: str, model: str):
+    """``full``: one fully trainable agent; ``lora``: a team of two LoRA agents on one
+    shared base, of which agent 0 generates."""
+    from comlrl_core.models.team import AgentSpec, Team
+
+    if kind == "full":
+        return Team.from_specs([AgentSpec(model, device="cpu")])[0]
+    team = Team.from_specs([AgentSpec(model, lora=True, device="cpu") for _ in range(2)])
+    assert team.shared_groups == [[0, 1]], "the two LoRA agents should share one base"
+    return team[0]
+
+
+def _ratio(ours: float, theirs: float) -> float:
+    return ours / theirs if theirs > 0 else math.nan
+
+
+def format_table(rows: Sequence[Row]) -> list[str]:
+    head = (
+        "| model | batch | prefill ours s | prefill HF s | prefill ours/HF | decode ours tok/s | "
+        "decode HF tok/s | decode ours/HF | ceiling tok/s (overlap / serial) | ours % of ceiling | "
+        "new tokens/row ours/HF |"
+    )
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        lines.append(
+            f"| {r.kind} | {r.batch} | {r.prefill_ours_s:.2f} | {r.prefill_hf_s:.2f} | "
+            f"{_ratio(r.prefill_ours_s, r.prefill_hf_s):.2f}x | {r.decode_ours_tok_s:.1f} | {r.decode_hf_tok_s:.1f} | "
+            f"{_ratio(r.decode_ours_tok_s, r.decode_hf_tok_s):.2f}x | "
+            f"{r.ceiling_tok_s:.0f} / {r.ceiling_serial_tok_s:.0f} | "
+            f"{100 * _ratio(r.decode_ours_tok_s, r.ceiling_tok_s):.1f}% | {r.tokens_ours:g}/{r.tokens_hf:g} |"
+        )
+    return lines
+
+
+def target_lines(rows: Sequence[Row]) -> list[str]:
+    """The issue's targets per model kind, each marked met / not met / not measured."""
+    lines = []
+    for kind in dict.fromkeys(r.kind for r in rows):
+        mine = {r.batch: r for r in rows if r.kind == kind}
+        for batch, need in DECODE_TARGETS.items():
+            label = f"{kind}: decode at batch {batch} >= {need:g}x transformers' generate"
+            if batch not in mine:
+                lines.append(f"- {label}: not measured (add {batch} to --batches)")
+                continue
+            got = _ratio(mine[batch].decode_ours_tok_s, mine[batch].decode_hf_tok_s)
+            lines.append(f"- {label}: {got:.2f}x -> {'met' if got >= need else 'not met'}")
+        worst = max(mine.values(), key=lambda r: _ratio(r.prefill_ours_s, r.prefill_hf_s))
+        got = _ratio(worst.prefill_ours_s, worst.prefill_hf_s)
+        lines.append(
+            f"- {kind}: prefill no slower than transformers' (every batch): worst {got:.2f}x its time "
+            f"(batch {worst.batch}: {worst.prefill_ours_s:.2f} s vs {worst.prefill_hf_s:.2f} s) -> "
+            f"{'met' if got <= 1.0 else 'not met'}"
+        )
+    return lines
+
+
+def cpu_model() -> str:
+    """``lscpu``'s model name (the figure docs quote), else /proc/cpuinfo's."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from comlrl_core.models.precision import cpu_model_name
+
+    return cpu_model_name()
+
+
+def _bf16_hardware() -> str:
+    from comlrl_core.models.precision import cpu_bf16_hardware
+
+    return {True: "yes", False: "no", None: "unknown"}[cpu_bf16_hardware()]
+
+
+def _batches(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"--batches takes positive integers such as 1,4,16,64, got {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="tiny | smollm2 | any model source (default smollm2)")
+    parser.add_argument("--kinds", default="full,lora", help="full, lora or both (comma-separated)")
+    parser.add_argument("--batches", type=_batches, default=None, help="batch sizes (default 1,4,16,64)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per row (default 96)")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="tokens per prompt (default 280)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--repeats", type=int, default=1, help="time each call this many times, keep the best")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0: off")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--quick", action="store_true", help="tiny random model, small sizes (a smoke run)")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.model = MODELS.get(args.model or ("tiny" if quick else "smollm2"), args.model)
+    args.batches = args.batches or ([1, 2] if quick else [1, 4, 16, 64])
+    args.new_tokens = args.new_tokens or (6 if quick else 96)
+    args.prompt_tokens = args.prompt_tokens or (40 if quick else 280)
+    args.copy_mb, args.gemm_n = (16, 256) if quick else (256, 2048)
+    args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not args.kinds or not set(args.kinds) <= set(KINDS):
+        parser.error(f"--kinds takes full, lora or both, got {args.kinds}")
+    if args.new_tokens < 2:
+        parser.error("--new-tokens must be >= 2 (the first token belongs to the prefill)")
+    args.sampling = (args.temperature, args.top_k, args.top_p)
+    return args
+
+
+def main(argv: Sequence[str] | None = None, log: Callable[[str], None] | None = None) -> list[Row]:
+    args = parse_args(argv)
+    log = log or (lambda line: print(line, flush=True))
+    import transformers
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    log("measuring the hardware ...")
+    hw = measure_hardware(args.copy_mb, args.gemm_n)
+    rows: list[Row] = []
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # generation-flag notices, not results
+    try:
+        for kind in args.kinds:
+            log(f"loading {args.model} ({kind}) ...")
+            rows += bench_policy(kind, build_policy(kind, args.model), args, hw, log)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    load_after = os.getloadavg()
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    temperature, top_k, top_p = args.sampling
+    busy = max(load_before[0], load_after[0]) > (os.cpu_count() or 1)
+    contention = " (other processes were competing for the CPU)" if busy else ""
+    out = [
+        "",
+        f"# generate benchmark, {now}",
+        f"CPU: {cpu_model()} (lscpu model name), {os.cpu_count()} logical CPUs; torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; threads {torch.get_num_threads()}",
+        f"load average before / after: {load_before[0]:.1f} / {load_after[0]:.1f}{contention}",
+        f"model {args.model}; full = one fully trainable agent, "
+        "lora = agent 0 of a 2-agent LoRA team on one shared base",
+        f"{max(args.batches)} distinct prompts of ~{args.prompt_tokens} tokens (batch B takes the first B); "
+        f"{args.new_tokens} new tokens per row, EOS off in both; temperature {temperature:g}, top_k {top_k}, "
+        f"top_p {top_p:g}; best of {args.repeats}",
+        f"hardware: copy bandwidth {hw.copy_gb_s:.1f} GB/s ({hw.copy_mb} MB fp32 copy, read + write), "
+        f"matrix read {hw.gemv_read_gb_s:.1f} GB/s (fp32 matrix-vector product of the same bytes), "
+        f"fp32 GEMM {hw.gemm_gflop_s:.1f} GFLOP/s ({hw.gemm_n}^3); the same in bf16 {hw.gemm_bf16_gflop_s:.1f} "
+        f"GFLOP/s ({hw.gemm_bf16_gflop_s / hw.gemm_gflop_s:.2f}x; bf16 hardware: {_bf16_hardware()})",
+        f"ceiling at batch B: B / max(weight bytes / bandwidth, 2 * params * B / GEMM rate); serial: the sum; "
+        f"bandwidth = the better of copy and matrix read ({hw.bandwidth_gb_s:.1f} GB/s)",
+        "",
+        *format_table(rows),
+        "",
+        "Targets (issue 15):",
+        *target_lines(rows),
+    ]
+    for line in out:
+        log(line)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""bench/generate.py runs end to end in its quick mode and prints the table and targets.
+
+Only the structure is checked (both samplers measured for every model kind and batch, EOS
+off so every row decodes the full budget, the targets marked), never the speed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_generate", ROOT / "bench" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_quick_run_prints_both_samplers_ceilings_and_targets(bench):
+    lines: list[str] = []
+    rows = bench.main(["--quick", "--batches", "1,2", "--new-tokens", "8", "--prompt-tokens", "30"], log=lines.append)
+
+    assert [(r.kind, r.batch) for r in rows] == [("full", 1), ("full", 2), ("lora", 1), ("lora", 2)]
+    for r in rows:
+        assert r.tokens_ours == r.tokens_hf == 8  # EOS off in both: the whole budget decoded
+        assert r.prefill_ours_s > 0 and r.prefill_hf_s > 0
+        # finite only when the forward-pass clock told the decoding steps from the prefill
+        for rate in (r.decode_ours_tok_s, r.decode_hf_tok_s):
+            assert rate > 0 and math.isfinite(rate)
+        assert 0 < r.ceiling_serial_tok_s <= r.ceiling_tok_s
+
+    text = "\n".join(lines)
+    assert "CPU: " in text and "torch " in text and "threads " in text and "UTC" in text
+    assert (
+        "copy bandwidth" in text
+        and "matrix read" in text
+        and "GB/s" in text
+        and "GFLOP/s" in text
+        and "bf16 hardware: " in text
+    )
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[0].startswith("| model | batch | prefill ours s | prefill HF s |")
+    assert len(table) == 1 + len(rows)  # header + one row per (kind, batch)
+    assert all(line.count("|") == table[0].count("|") for line in table)
+    assert table[1].startswith("| full | 1 |") and table[-1].startswith("| lora | 2 |")
+
+    targets = lines[lines.index("Targets (issue 15):") + 1 :]
+    assert len(targets) == 6  # per kind: decode at 16, decode at 1, prefill
+    assert sum("not measured (add 16 to --batches)" in t for t in targets) == 2
+    measured = [t for t in targets if "not measured" not in t]
+    assert all(t.endswith("-> met") or t.endswith("-> not met") for t in measured)
+
+
+def test_ceiling_is_the_slower_of_weight_traffic_and_arithmetic(bench):
+    hw = bench.Hardware(
+        copy_gb_s=20.0, gemv_read_gb_s=15.0, gemm_gflop_s=100.0, gemm_bf16_gflop_s=50.0, copy_mb=0, gemm_n=0
+    )
+    # issue 15's figures: 135M fp32 params (540 MB) -> ~37 tok/s at batch 1 (the better bandwidth)
+    overlap, serial = bench.ceilings(135_000_000, 540_000_000, 1, hw)
+    assert overlap == pytest.approx(20e9 / 540e6)
+    # batch 16: 27 ms of weight traffic, 43.2 ms of arithmetic
+    overlap, serial = bench.ceilings(135_000_000, 540_000_000, 16, hw)
+    assert overlap == pytest.approx(16 / 0.0432)
+    assert serial == pytest.approx(16 / (0.027 + 0.0432))
+
+
+def test_targets_are_marked_from_the_ratios(bench):
+    row = bench.Row("full", 16, 1.0, 1.2, 130.0, 60.0, 96, 96, 300.0, 200.0)
+    slow = bench.Row("full", 1, 2.0, 1.0, 12.0, 12.0, 96, 96, 37.0, 30.0)
+    lines = bench.target_lines([row, slow])
+    assert lines[0].endswith("2.17x -> met")
+    assert lines[1].endswith("1.00x -> not met")
+    assert "worst 2.00x its time (batch 1" in lines[2] and lines[2].endswith("-> not met")
+
+
+def test_the_forward_clock_tells_prefill_from_decoding_steps_in_both_samplers(bench):
+    policy = bench.build_policy("lora", "tiny-random")
+    samplers = bench.Samplers(policy, bench.make_prompts(policy, 2, 30), 1.0, 0, 1.0)
+    clock = bench.ForwardClock(policy)
+    for sampler in (samplers.ours, samplers.hf):
+        prefill_s, decode_s, per_row = clock.measure(lambda s=sampler: s(2, 5))
+        fed = [positions for _, positions in clock.starts]
+        # one prefill pass over the prompts, then one pass per token after the first
+        assert fed[0] > 1 and fed[1:] == [1, 1, 1, 1]
+        assert per_row == 5 and prefill_s > 0 and decode_s > 0
