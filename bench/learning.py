@@ -38,6 +38,7 @@ each config's own rate.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import math
 import os
@@ -47,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -114,7 +115,6 @@ def learner_overrides(learner: str, budget: Budget) -> dict[str, Any]:
             **pairs,
             "preference_max_tasks": s,
             "reward_num_train_epochs": 1,
-            "reward_max_length": 256,
             "max_steps": s,
             "rollout_buffer_size": 2,
         }
@@ -124,7 +124,6 @@ def learner_overrides(learner: str, budget: Budget) -> dict[str, Any]:
             "preference_max_tasks": half,
             "num_iterations": 2,
             "reward_num_train_epochs": 1,
-            "reward_max_length": 256,
             "max_steps": half,
             "rollout_buffer_size": 2,
         }
@@ -143,9 +142,10 @@ def train_command(learner: str, budget: Budget, seed: int, run_dir: pathlib.Path
         "lora": "true",
         "seed": seed,
         "output_dir": str(run_dir),
-        "save_final_checkpoint": "false",
         "progress_bar": "false",
     }
+    if learner not in ("iac", "maac"):  # the actor-critic trainers always write their final checkpoint
+        options["save_final_checkpoint"] = "false"
     if budget.learning_rate is not None:
         options["agent_learning_rate"] = budget.learning_rate
     config = ROOT / "configs" / f"{learner}_writing.yaml"
@@ -199,19 +199,29 @@ def _last_line(path: pathlib.Path) -> str:
     return lines[-1][:200] if lines else "(empty log)"
 
 
-def run_one(learner: str, seed: int, budget: Budget, root: pathlib.Path) -> RunResult:
-    """Train one (learner, seed) in a fresh subprocess and compare its two evaluations."""
+def run_one(learner: str, seed: int, budget: Budget, root: pathlib.Path, threads: int | None = None) -> RunResult:
+    """Train one (learner, seed) in a fresh subprocess and compare its two evaluations
+    (``threads``: the subprocess's OpenMP / torch thread count; None: its default)."""
     run_dir = root / f"{learner}_seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "train.log"
     command = train_command(learner, budget, seed, run_dir)
+    env = dict(os.environ)
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     t0 = time.perf_counter()
     with log.open("w") as fh:
         fh.write(shlex.join(command) + "\n")
         fh.flush()
         try:
             rc = subprocess.run(
-                command, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, timeout=budget.timeout_s, check=False
+                command,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                timeout=budget.timeout_s,
+                check=False,
+                env=env,
             ).returncode
         except subprocess.TimeoutExpired:
             rc = -1
@@ -299,6 +309,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default=Budget.model, help="agent model alias or path (LoRA adapters on it)")
     p.add_argument("--learning-rate", default="5e-4", help="agents' learning rate, or 'config' for each config's")
     p.add_argument("--timeout", type=float, default=Budget.timeout_s, help="seconds per run")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (each gets cores // jobs threads)")
     p.add_argument("--run-root", help="folder for the run folders (default: a fresh temporary folder)")
     p.add_argument("--out", help="also write the tables as markdown to this file")
     p.add_argument("--quick", action="store_true", help="tiny random model, 2 steps, seed 0, MAGRPO and MADPO")
@@ -306,6 +317,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.learners, args.seeds, args.steps, args.model = list(QUICK_LEARNERS), [0], 2, "tiny-random"
         args.max_new_tokens, args.eval_tasks = 8, 2
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
     unknown = [x for x in args.learners if x not in LEARNERS]
     if unknown:
         p.error(f"unknown learner(s) {', '.join(unknown)}; choose from {', '.join(LEARNERS)}")
@@ -325,32 +338,47 @@ def main(argv: Sequence[str] | None = None, log: Callable[[str], None] = print) 
         timeout_s=args.timeout,
     )
     root = pathlib.Path(args.run_root or tempfile.mkdtemp(prefix="learning_bench_"))
+    # concurrent runs share the cores instead of each starting one thread per core
+    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
     head = [
         f"CPU: {cpu_model()} ({os.cpu_count()} logical cores), niceness {os.nice(0)}",
         f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"command: {shlex.join(['bench/learning.py', *(argv if argv is not None else sys.argv[1:])])}",
         f"env {ENV_ID}, model {budget.model} + LoRA, steps {budget.steps}, max_new_tokens "
         f"{budget.max_new_tokens}, held-out {budget.eval_tasks} tasks x {budget.eval_samples} samples, "
-        f"agent learning rate {'config' if rate is None else rate}, seeds {args.seeds}",
+        f"agent learning rate {'config' if rate is None else rate}, seeds {args.seeds}, "
+        f"{args.jobs} run(s) at a time" + (f" ({threads} thread(s) each)" if threads else ""),
         f"run folders: {root}",
     ]
     for line in head:
         log(line)
     results: list[RunResult] = []
-    for learner in args.learners:
-        for seed in args.seeds:
-            result = run_one(learner, seed, budget, root)
+    # seed by seed, every learner in each: a run cut short still has every learner's first seeds
+    plan = [(learner, seed) for seed in args.seeds for learner in args.learners]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_one, learner, seed, budget, root, threads) for learner, seed in plan]
+        for future in concurrent.futures.as_completed(futures):
+            result = future.result()
             results.append(result)
             log(table_lines([result])[-1])  # progress, one row per finished run
-    tables = ["", "Per run (team reward on held-out tasks; paired bootstrap over tasks):", ""]
-    tables += table_lines(results)
-    tables += ["", "Per learner over seeds:", ""]
-    tables += summary_lines(results)
+            if args.out:  # rewritten after every run, so an interrupted bench leaves its rows
+                _write_markdown(pathlib.Path(args.out), head, _tables(results))
+    tables = _tables(results)
     for line in tables:
         log(line)
-    if args.out:
-        pathlib.Path(args.out).write_text("\n".join([*(f"- {h}" for h in head), *tables]) + "\n")
     return results
+
+
+def _tables(results: Sequence[RunResult]) -> list[str]:
+    ordered = sorted(results, key=lambda r: (list(LEARNERS).index(r.learner), r.seed))
+    tables = ["", "Per run (team reward on held-out tasks; paired bootstrap over tasks):", ""]
+    tables += table_lines(ordered)
+    tables += ["", "Per learner over seeds:", ""]
+    return tables + summary_lines(ordered)
+
+
+def _write_markdown(path: pathlib.Path, head: Sequence[str], tables: Sequence[str]) -> None:
+    path.write_text("\n".join([*(f"- {h}" for h in head), *tables]) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 import comlrl_core
 from comlrl_core._moved import _MovedModuleFinder
 from comlrl_core.episodes.evaluation import TaskResult
+from comlrl_core.episodes.intervals import DiffInterval
 from comlrl_core.models.model_source import known_aliases
 from comlrl_core.models.team import Team
 from comlrl_core.policy import Policy
@@ -23,6 +24,7 @@ from comlrl_core.remote.client import RemoteModelClient
 from comlrl_core.run.metrics import MetricsLogger
 from envs.base import TextParallelEnv
 from envs.code.program import reference_solution
+from envs.code.tasks import EASY_HELD_OUT_SLICE, EASY_TRAIN_SLICE
 from learners.actor_critic.ac_trainer import UpdateRecord
 from learners.common.distributed import DistributedContext, NullLogger
 from learners.common.trainer_utils import TrainerCommon
@@ -67,6 +69,7 @@ def _instance_attributes(  # vulture: ignore_names in pyproject.toml
     task: TaskResult,
     group: NodeGroup,
     record: UpdateRecord,
+    interval: DiffInterval,
 ) -> None:
     # Set on tokenizer objects and read by transformers / tokenizers.
     hf_tokenizer.pad_token
@@ -78,6 +81,7 @@ def _instance_attributes(  # vulture: ignore_names in pyproject.toml
     group.mean_reward
     group.mean_return
     record.num_episodes
+    interval.num_problems  # DiffInterval: written out whole into eval.json
 
 
 RemoteModelClient.complete_batch  # in the client's usage summary (comlrl_core/remote/client.py)
@@ -88,3 +92,7 @@ NullLogger.log_table
 # A task's known-good answer as a CoopCode program: bench/env_step.py and the tests score it
 # to check the env and the sandbox (a harness a user needs too, e.g. to validate a new task set).
 reference_solution
+# The easy problem set's fixed split, public constants documented in envs/code/tasks.py (the
+# main job spells the same slices in its defaults: learners may not import envs).
+EASY_TRAIN_SLICE
+EASY_HELD_OUT_SLICE

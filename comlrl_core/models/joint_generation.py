@@ -45,6 +45,8 @@ def _merge_key(policy: Policy, request: GenerationRequest) -> tuple | None:
         return None
     if type(policy).sample_encoded is not TransformersPolicy.sample_encoded:  # a subclass samples its own way
         return None
+    if type(policy).generate is not TransformersPolicy.generate or "generate" in vars(policy):
+        return None  # generate is overridden (a subclass, or wrapped on the instance): honour it
     if isinstance(request.seed, int) or request.seed is None or not request.prompts:
         return None  # one generator for the call: its draws depend on the batch
     return (id(policy.shared_base), request.num_samples, request.config, policy._share_prompt_prefill)

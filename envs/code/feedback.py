@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from envs.code.program import extract_code
+
 SandboxSlice = int | str | None
 _SHOWN_MESSAGE_CHARS = 300
 SHOWN_CODE_CHARS = 20_000  # characters of one code block shown in a prompt
@@ -47,7 +49,9 @@ def select_tests(items: Sequence[Any], sandbox_slice: SandboxSlice) -> list[Any]
 
 
 def _code_block(code: str) -> str:
-    code = code.strip()
+    # the code as scored (fences and prose around them removed), fenced once: a raw reply
+    # already in a fence would otherwise be shown inside a second one
+    code = extract_code(code).strip()
     if not code:
         return "(empty)"
     if len(code) > SHOWN_CODE_CHARS:  # keeps multi-turn prompts bounded after runaway outputs

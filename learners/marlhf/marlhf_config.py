@@ -37,7 +37,9 @@ class MARLHFConfig(PreferenceConfig):
     reward_learning_rate: float = option(1e-5, help="AdamW learning rate of the reward model")
     reward_num_train_epochs: int = option(1, help="Bradley-Terry epochs over the pairs")
     reward_train_batch_size: int = option(1, help="pairs per reward-model step")
-    reward_max_length: int | None = option(None, help="truncate joint texts to this many tokens (None: no limit)")
+    reward_max_length: int | None = option(
+        None, help="truncate joint texts to their last this many tokens (the responses come last; None: no limit)"
+    )
     reward_freeze_backbone: bool = option(False, help="train only the scalar head")
     # -- RL backend ---------------------------------------------------------------------
     rl_algorithm: str = option("magrpo", help="magrpo | mareinforce | marloo | maremax | maac | iac")

@@ -108,13 +108,20 @@ class JointRewardModel(nn.Module):
         return self.head(pooled).squeeze(-1).float()
 
     def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        enc = self.tokenizer(
-            list(texts),
-            padding=True,
-            truncation=self.max_length is not None,
-            max_length=self.max_length,
-            return_tensors="pt",
-        )
+        # A joint text longer than max_length loses its START: the responses come last, and
+        # cutting the end instead would score a text without them (every candidate alike).
+        side = self.tokenizer.truncation_side
+        self.tokenizer.truncation_side = "left"
+        try:
+            enc = self.tokenizer(
+                list(texts),
+                padding=True,
+                truncation=self.max_length is not None,
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
+        finally:
+            self.tokenizer.truncation_side = side
         return {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
 
     def score_texts(self, texts: Sequence[str]) -> torch.Tensor:

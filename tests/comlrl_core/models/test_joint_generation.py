@@ -41,9 +41,12 @@ def _ids(results):
 
 
 def test_shared_base_agents_sample_in_one_loop_with_the_same_results(lora_team):
-    separate = [p.generate(list(r.prompts), r.num_samples, r.config, r.seed) for p, r in zip(lora_team, _requests())]
+    separate = [
+        p.generate(list(r.prompts), r.num_samples, r.config, r.seed)
+        for p, r in zip(lora_team, _requests(), strict=True)
+    ]
     FORWARD_COUNTER.take()
-    for p, r in zip(lora_team, _requests()):
+    for p, r in zip(lora_team, _requests(), strict=True):
         p.generate(list(r.prompts), r.num_samples, r.config, r.seed)
     separate_passes, _ = FORWARD_COUNTER.take()
     together = generate_together(list(lora_team), _requests())
@@ -95,3 +98,19 @@ def test_prompt_groups_cover_every_prompt_once_within_the_budget(widths, samples
             assert len(g) * samples * (max(widths[p] for p in g) + new) <= budget
     if budget is None:
         assert len(groups) == (1 if widths else 0)
+
+
+def test_a_wrapped_generate_is_honoured(lora_team):
+    calls = []
+    original = lora_team[0].generate
+
+    def wrapped(prompts, num_samples=1, generation_config=None, seed=None):
+        calls.append(len(prompts))
+        return original(prompts, num_samples, generation_config, seed)
+
+    lora_team[0].generate = wrapped
+    try:
+        generate_together(list(lora_team), _requests())
+    finally:
+        del lora_team[0].generate
+    assert calls == [2]

@@ -154,3 +154,13 @@ def test_runaway_code_is_cut_in_the_next_prompt():
     env.reset(options={"task": 0})
     obs, *_ = env.step({"aux": "x = 1\n" * 50_000, "main": MAIN})
     assert "more characters cut]" in obs["aux"] and len(obs["aux"]) < 60_000
+
+
+def test_fenced_replies_are_shown_fenced_once():
+    from envs.code.feedback import history_section
+
+    fenced = "Here it is:\n```python\ndef aux(x):\n    return x // 2\n```\nDone."
+    text = history_section("main", [fenced], {"aux": fenced})
+    assert text.count("```python") == 2  # one fence per block, not a fence inside a fence
+    assert "Here it is" not in text and "Done." not in text
+    assert "def aux(x):\n    return x // 2\n```" in text

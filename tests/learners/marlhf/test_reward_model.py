@@ -91,3 +91,24 @@ def test_wrapper_replaces_the_team_reward_and_keeps_the_task_reward():
     switch.enabled = False
     env.reset(options={"task": 0})
     assert env.step({"a0": "abc", "a1": "x"})[1]["a0"] == 0.25  # switched off: the task reward
+
+
+def test_a_truncated_joint_text_keeps_its_responses(model):
+    """Over max_length the START of the joint text goes, so two joint responses to the same
+    (long) prompts still score differently; cutting the end would score the prompts alone."""
+    prompts = [" ".join(["passage"] * 60), "expand it"]
+    texts = [joint_text(prompts, ["first answer", "alpha"]), joint_text(prompts, ["second reply", "omega"])]
+    full = len(model.tokenizer(texts[0])["input_ids"])
+    model.max_length = 16
+    try:
+        assert full > 16
+        enc = model.encode(texts)
+        assert enc["input_ids"].shape[1] == 16
+        kept = model.tokenizer.decode(enc["input_ids"][0])
+        assert "alpha" in kept and "passage" not in kept
+        with torch.no_grad():
+            scores = model.score_texts(texts)
+        assert not torch.isclose(scores[0], scores[1])
+        assert model.tokenizer.truncation_side == "right"  # the shared tokenizer is left as it was
+    finally:
+        model.max_length = None
