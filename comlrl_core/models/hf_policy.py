@@ -57,7 +57,12 @@ from comlrl_core.models.model_source import (
     portable_model_name,
     resolve_model_source,
 )
-from comlrl_core.models.sampling import padded_position_ids, sample_tokens, supports_logits_to_keep
+from comlrl_core.models.sampling import (
+    padded_position_ids,
+    prompt_groups_within_budget,
+    sample_tokens,
+    supports_logits_to_keep,
+)
 from comlrl_core.policy import Completion, FinishReason, GenerationConfig, Policy, completion_seeds
 
 
@@ -348,7 +353,7 @@ class TransformersPolicy(Policy):
         """
         per_row = not isinstance(generator, torch.Generator)
         fan_out = num_samples if self._share_prompt_prefill else 1
-        calls = _prompt_groups(
+        calls = prompt_groups_within_budget(
             [len(ids) for ids in encoded], num_samples, cfg.max_new_tokens, cfg.max_batch_tokens, per_row
         )
         rows_out: list[tuple[list[int], int, bool]] = [([], 0, False)] * (len(encoded) * num_samples)
@@ -499,28 +504,6 @@ class TransformersPolicy(Policy):
             shared.load_adapter(adapter, directory)
         else:
             _load_full_weights(self.model, directory)
-
-
-def _prompt_groups(
-    widths: Sequence[int], num_samples: int, max_new_tokens: int, budget: int | None, by_length: bool
-) -> list[list[int]]:
-    """Prompt indices per sampling call: ``rows * (widest prompt + max_new_tokens)`` stays
-    within ``budget`` (a lone prompt's rows may exceed it). ``by_length``: group prompts
-    of similar length (shortest first) instead of keeping their order."""
-    order = sorted(range(len(widths)), key=widths.__getitem__) if by_length else list(range(len(widths)))
-    groups: list[list[int]] = []
-    current: list[int] = []
-    widest = 0
-    for p in order:
-        wider = max(widest, widths[p])
-        if current and budget is not None and (len(current) + 1) * num_samples * (wider + max_new_tokens) > budget:
-            groups.append(current)
-            current, wider = [], widths[p]
-        current.append(p)
-        widest = wider
-    if current:
-        groups.append(current)
-    return groups
 
 
 def _load_full_weights(model: nn.Module, directory: str) -> None:

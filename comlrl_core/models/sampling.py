@@ -17,6 +17,8 @@ Public API::
     filter_logits(logits, temperature, top_k, top_p) -> logits with filtered entries at -inf
     sample_next_tokens(logits, temperature, top_k, top_p, generator) -> next token ids [B]
     padded_position_ids(attention_mask) -> position ids that skip left padding
+    prompt_groups_within_budget(widths, num_samples, max_new_tokens, budget, by_length)
+        -> prompt indices per sampling call within a rows x tokens budget
 """
 
 from __future__ import annotations
@@ -403,3 +405,25 @@ def sample_tokens(
     tokens = torch.stack(chosen, dim=1) if chosen else torch.empty(batch, 0, dtype=torch.long)
     # stopped_on_eos: the last real token is an EOS (a row can't be finished otherwise)
     return SampleOutput(tokens=tokens, lengths=lengths, stopped_on_eos=finished.clone())
+
+
+def prompt_groups_within_budget(
+    widths: Sequence[int], num_samples: int, max_new_tokens: int, budget: int | None, by_length: bool
+) -> list[list[int]]:
+    """Prompt indices per sampling call: ``rows * (widest prompt + max_new_tokens)`` stays
+    within ``budget`` (a lone prompt's rows may exceed it). ``by_length``: group prompts
+    of similar length (shortest first) instead of keeping their order."""
+    order = sorted(range(len(widths)), key=widths.__getitem__) if by_length else list(range(len(widths)))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    widest = 0
+    for p in order:
+        wider = max(widest, widths[p])
+        if current and budget is not None and (len(current) + 1) * num_samples * (wider + max_new_tokens) > budget:
+            groups.append(current)
+            current, wider = [], widths[p]
+        current.append(p)
+        widest = wider
+    if current:
+        groups.append(current)
+    return groups

@@ -8,9 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from comlrl_core.models.agent_spec import AgentSpec
-from comlrl_core.models.hf_policy import _prompt_groups
 from comlrl_core.models.joint_generation import GenerationRequest, generate_together
-from comlrl_core.models.sampling import FORWARD_COUNTER
+from comlrl_core.models.sampling import FORWARD_COUNTER, prompt_groups_within_budget
 from comlrl_core.models.team import Team
 from comlrl_core.policy import GenerationConfig
 
@@ -89,7 +88,7 @@ def test_requests_must_match_policies(lora_team):
     by_length=st.booleans(),
 )
 def test_prompt_groups_cover_every_prompt_once_within_the_budget(widths, samples, new, budget, by_length):
-    groups = _prompt_groups(widths, samples, new, budget, by_length)
+    groups = prompt_groups_within_budget(widths, samples, new, budget, by_length)
     assert sorted(p for g in groups for p in g) == list(range(len(widths)))
     if not by_length:
         assert [p for g in groups for p in g] == list(range(len(widths)))
