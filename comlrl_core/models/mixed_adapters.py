@@ -57,13 +57,14 @@ class _SlicedMixedForward:
 
     def __init__(self, layer: Any) -> None:
         self.layer = layer
-        self._runs_of: tuple[int, list[tuple[str, int, int]]] | None = None  # (id of names list, runs)
+        self._runs_of: tuple[Sequence[str], list[tuple[str, int, int]]] | None = None  # (names list, its runs)
 
     def _runs(self, names: Sequence[str]) -> list[tuple[str, int, int]]:
-        # every layer of one forward sees the same list object: compute its runs once per layer
+        # every layer of one forward sees the same list object: compute its runs once per layer.
+        # The cache holds the list itself (not its id, which a later list could reuse)
         cached = self._runs_of
-        if cached is None or cached[0] != id(names):
-            cached = (id(names), adapter_runs(names))
+        if cached is None or cached[0] is not names:
+            cached = (names, adapter_runs(names))
             self._runs_of = cached
         return cached[1]
 

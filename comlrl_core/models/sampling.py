@@ -31,6 +31,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from comlrl_core.models.tokens import plan_chunks
+
 logger = logging.getLogger(__name__)
 
 
@@ -414,16 +416,6 @@ def prompt_groups_within_budget(
     within ``budget`` (a lone prompt's rows may exceed it). ``by_length``: group prompts
     of similar length (shortest first) instead of keeping their order."""
     order = sorted(range(len(widths)), key=widths.__getitem__) if by_length else list(range(len(widths)))
-    groups: list[list[int]] = []
-    current: list[int] = []
-    widest = 0
-    for p in order:
-        wider = max(widest, widths[p])
-        if current and budget is not None and (len(current) + 1) * num_samples * (wider + max_new_tokens) > budget:
-            groups.append(current)
-            current, wider = [], widths[p]
-        current.append(p)
-        widest = wider
-    if current:
-        groups.append(current)
-    return groups
+    # a prompt is one unit of num_samples rows, each row as wide as the prompt plus its new tokens
+    costs = [num_samples * (widths[p] + max_new_tokens) for p in order]
+    return [[order[u] for u in span] for span in plan_chunks(costs, 1, max(1, len(order)), budget)]

@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import torch
 
+from comlrl_core.models.tokens import plan_chunks
 from learners.actor_critic.critics import Critic
 from learners.actor_critic.losses import actor_loss_terms, check_finite, value_loss_terms
-from learners.common.logprobs import plan_chunks
 from learners.common.optim import note_grad_norm
 
 

@@ -16,35 +16,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from comlrl_core.models.tokens import plan_chunks
 from comlrl_core.policy import Policy
 from learners.common.shared_prefix import shared_prefix_token_logprobs, supports_shared_prefix
-
-
-def plan_chunks(widths: Sequence[int], unit_rows: int, max_rows: int, token_budget: int | None) -> list[range]:
-    """Consecutive row ranges for micro-batches.
-
-    Rows come in units of ``unit_rows`` (a group scored together; 1 for single rows) and
-    ``widths[u]`` is unit u's padded token count when scored (prompt plus completions).
-    A chunk holds whole units, at most ``max_rows`` rows (but at least one unit) and, with
-    a ``token_budget``, at most that many padded tokens: ``units * widest unit`` (at least
-    one unit, however wide).
-    """
-    chunks: list[range] = []
-    start = 0  # first unit of the open chunk
-    widest = 0
-    units = len(widths)
-    for u in range(units):
-        count = u - start
-        wider = max(widest, widths[u])
-        too_many_rows = (count + 1) * unit_rows > max_rows
-        too_many_tokens = token_budget is not None and (count + 1) * wider > token_budget
-        if count and (too_many_rows or too_many_tokens):
-            chunks.append(range(start * unit_rows, u * unit_rows))
-            start, wider = u, widths[u]
-        widest = wider
-    if units:
-        chunks.append(range(start * unit_rows, units * unit_rows))
-    return chunks
 
 
 def _row_widths(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[int]:

@@ -22,9 +22,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from comlrl_core.models.tokens import plan_chunks
 from comlrl_core.policy import Policy
 from learners.common.distributed import DistributedContext, trainable_parameters
-from learners.common.logprobs import plan_chunks
 from learners.preference.records import PreferencePair
 
 

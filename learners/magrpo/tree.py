@@ -117,13 +117,13 @@ def build_tree(
     if num_generations < 1 or num_turns < 1:
         raise ValueError("num_generations and num_turns must be >= 1")
     combos = joint_indices(n, num_generations, joint_mode)
+    config = generation_config or GenerationConfig()
     root = TreeNode(turn=1, prompts=list(prompts), env=env)
     tree = RolloutTree(root=root, levels=[])
     level = [root]
     for turn in range(1, num_turns + 1):
         tree.levels.append(level)
         # One generate call per agent for the whole level (agents of a shared base together).
-        config = generation_config or GenerationConfig()
         requests = [
             GenerationRequest(
                 [node.prompts[i] for node in level],

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from magrpo_fakes import BigramPolicy
 
-from learners.common.logprobs import accumulate_gradients, plan_chunks, sequence_logprobs_nograd
+from comlrl_core.models.tokens import plan_chunks
+from learners.common.logprobs import accumulate_gradients, sequence_logprobs_nograd
 from learners.magrpo.losses import sequence_pg_loss
 
 
