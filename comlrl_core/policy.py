@@ -38,6 +38,11 @@ class GenerationConfig:
     tokens (the KV cache grows with it: about 46 KB a token for SmolLM2-135M in fp32). A
     resource hint, not a sampling setting: with per-completion seeds the samples are the
     same whatever the split. None: one call for all rows.
+
+    ``prefill_token_budget`` bounds the prompt pass of a call: its prompts are prefilled in
+    row chunks of at most that many padded tokens (attention scores and MLP activations of
+    one chunk at a time), written into the call's KV cache as they come. Also a resource
+    hint: the samples are the same. None: one prefill pass per call.
     """
 
     max_new_tokens: int = 128
@@ -46,6 +51,7 @@ class GenerationConfig:
     top_k: int = 0  # 0 disables top-k filtering
     stop: Sequence[str] = ()  # stored as a tuple
     max_batch_tokens: int | None = None
+    prefill_token_budget: int | None = 2048
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -62,6 +68,10 @@ class GenerationConfig:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1 or None (no limit), got {self.max_batch_tokens}")
+        if self.prefill_token_budget is not None and self.prefill_token_budget < 1:
+            raise ValueError(
+                f"prefill_token_budget must be >= 1 or None (one prefill pass), got {self.prefill_token_budget}"
+            )
 
 
 @dataclass

@@ -29,6 +29,7 @@ from learners.actor_critic.ac_trainer import UpdateRecord
 from learners.common.distributed import DistributedContext, NullLogger
 from learners.common.trainer_utils import TrainerCommon
 from learners.magrpo.groups import NodeGroup
+from learners.magrpo.tree import build_tree
 from sandbox.sandbox import Sandbox
 from sandbox.types import Result, Status
 
@@ -96,3 +97,6 @@ reference_solution
 # main job spells the same slices in its defaults: learners may not import envs).
 EASY_TRAIN_SLICE
 EASY_HELD_OUT_SLICE
+# One MAGRPO tree from one reset env: the public single-tree form of build_forest (the
+# trainer builds forests; users and the tests build single trees).
+build_tree

@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import enum
 import functools
+import json
 import math
 import numbers
 import pathlib
@@ -473,7 +474,12 @@ def render_text(value: Any, tp: Any) -> str:
         return f"'{value}'" if ambiguous else value
     if isinstance(value, (list, tuple, set, frozenset, dict)):
         plain = _plain_for_yaml(value)
-        return yaml.safe_dump(plain, default_flow_style=True, width=math.inf, allow_unicode=False).strip()
+        text = yaml.safe_dump(plain, default_flow_style=True, width=math.inf, allow_unicode=False).strip()
+        # YAML folds a string with line breaks over several lines; JSON (also YAML) escapes
+        # them on one line, unless it would need \u escapes (YAML reads an astral character's
+        # surrogate pair as two characters): then the folded YAML, which reads back exactly
+        one_line = json.dumps(plain) if "\n" in text else text
+        return one_line if "\\u" not in one_line else text
     raise ConfigError(f"cannot write {type(value).__name__} {_show(value)} as an override")
 
 

@@ -63,6 +63,7 @@ from comlrl_core.models.sampling import (
     sample_tokens,
     supports_logits_to_keep,
 )
+from comlrl_core.models.stop_watch import StopWatch
 from comlrl_core.policy import Completion, FinishReason, GenerationConfig, Policy, completion_seeds
 
 
@@ -345,7 +346,8 @@ class TransformersPolicy(Policy):
         """Sample ``num_samples`` completions of every encoded prompt; per output row
         (prompt-major): the generated ids, how many are real, and whether EOS ended it.
 
-        Rows are sampled in as few calls as ``cfg.max_batch_tokens`` allows. With one
+        Rows are sampled in as few calls as ``cfg.max_batch_tokens`` allows, each call's
+        prompts prefilled in chunks of ``cfg.prefill_token_budget`` tokens. With one
         generator per row, prompts are grouped by length first (less padding; each row's
         tokens are its own generator's whatever the grouping); with one generator for the
         call, calls follow the prompt order. ``row_adapters`` (one adapter name per prompt)
@@ -362,6 +364,8 @@ class TransformersPolicy(Policy):
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
         widest_call = max(len(call) for call in calls) * num_samples
+        # rows stop at a stop string while sampling; the text is still cut afterwards
+        stop_watch = StopWatch(self.tokenizer, cfg.stop) if cfg.stop else None
         try:
             # one autocast region for the whole decode: trainable fp32 weights are cast to
             # bf16 once (autocast's cast cache), not once per token; on CPU the linear
@@ -393,6 +397,8 @@ class TransformersPolicy(Policy):
                         else generator,
                         num_samples=fan_out,
                         row_adapters=adapters,
+                        prefill_token_budget=cfg.prefill_token_budget,
+                        stop_watch=stop_watch,
                     )
                     found = zip(out.tokens.tolist(), out.lengths.tolist(), out.stopped_on_eos.tolist(), strict=True)
                     for r, (ids, length, eos) in zip(rows, found, strict=True):

@@ -23,7 +23,6 @@ Public API::
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from dataclasses import dataclass
@@ -31,6 +30,16 @@ from typing import Iterable, Sequence
 
 import torch
 
+from comlrl_core.models.active_rows import ActiveRows
+from comlrl_core.models.kv_cache import (
+    _as_preallocated_shell,
+    _holds_tokens,
+    _preallocated_layer_type,
+    preallocated_cache_unavailable,
+    repeat_cache_rows,
+    reserve_cache,
+)
+from comlrl_core.models.stop_watch import StopWatch
 from comlrl_core.models.tokens import plan_chunks
 
 logger = logging.getLogger(__name__)
@@ -162,149 +171,74 @@ def _returned_cache(outputs):
     return cache if cache is not None else getattr(outputs, "past_key_values", None)
 
 
-def _repeatable_layer_types() -> tuple[type, ...]:
-    """Cache layers whose whole state is the key/value tensors (batch on dim 0)."""
-    from transformers import cache_utils
-
-    names = ("DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer")
-    return tuple(getattr(cache_utils, n) for n in names if hasattr(cache_utils, n))
+def prefill_chunks(prompt_lengths: Sequence[int], budget: int | None) -> list[range]:
+    """Consecutive input-row ranges whose prefill holds at most ``budget`` padded tokens
+    (``rows * longest prompt of the chunk``; a lone prompt may exceed it)."""
+    return plan_chunks(prompt_lengths, 1, max(1, len(prompt_lengths)), budget)
 
 
-@functools.cache
-def _preallocated_layer_type():
-    """A ``DynamicLayer`` that writes new keys/values into a preallocated buffer.
+def _chunked_prefill(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    budget: int,
+    num_samples: int,
+    extra_tokens: int,
+    row_adapters: Sequence[str] | None,
+    forward_kwargs: dict,
+):
+    """Prefill ``input_ids`` in row chunks of at most ``budget`` padded tokens, each chunk
+    cut to its own longest prompt, and write every chunk's keys/values straight into one
+    preallocated cache of ``rows * num_samples`` rows with room for ``extra_tokens``.
 
-    ``DynamicLayer`` grows by ``torch.cat``, copying the whole cache at every decoding step
-    (quadratic in the sequence length; a fifth of small-batch decoding time on CPU). This
-    layer reserves room for the tokens still to come once, after the prefill, then writes
-    each step's keys/values in place and hands attention a view of the filled part.
-
-    It subclasses a transformers internal, so :func:`preallocated_cache_unavailable` checks
-    it once per process before any real cache is converted.
+    The prefill's activations (attention scores over the padded prompt, the MLP's
+    intermediates of every prompt token) then peak at one chunk's, and the cache is built
+    once at its final size: no full-width prefill cache, no fanned-out copy, no copy into
+    the reservation. Returns ``(cache, last logits [rows * num_samples, V])``, or None when
+    the model's cache is not made of plain dynamic layers (the caller prefills unchunked).
     """
-    from transformers.cache_utils import DynamicLayer
-
-    class PreallocatedLayer(DynamicLayer):
-        def reserve(self, extra_tokens: int) -> None:
-            keys, values = self.keys, self.values
-            if keys is None or values is None:
-                raise RuntimeError("reserve() needs a filled cache layer: call it after the prefill")
-            filled = keys.shape[-2]
-            shape = list(keys.shape)
-            shape[-2] = filled + extra_tokens
-            # Under autocast, attention would cast the whole cache to the compute dtype
-            # at every step (rotary embeddings leave keys in fp32): store it cast once.
-            device_type = keys.device.type
-            dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-            self._key_buffer = keys.new_empty(shape, dtype=dtype or keys.dtype)
-            self._value_buffer = values.new_empty(shape, dtype=dtype or values.dtype)
-            self._key_buffer[..., :filled, :] = keys
-            self._value_buffer[..., :filled, :] = values
-            self._filled = filled
-            self.keys = self._key_buffer[..., :filled, :]
-            self.values = self._value_buffer[..., :filled, :]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            new = key_states.shape[-2]
-            end = self._filled + new
-            if end > self._key_buffer.shape[-2]:  # past the reservation: grow like DynamicLayer
-                return super().update(key_states, value_states, *args, **kwargs)
-            self._key_buffer[..., self._filled : end, :] = key_states
-            self._value_buffer[..., self._filled : end, :] = value_states
-            self._filled = end
-            self.keys = self._key_buffer[..., :end, :]
-            self.values = self._value_buffer[..., :end, :]
-            return self.keys, self.values
-
-    return DynamicLayer, PreallocatedLayer
-
-
-def _holds_tokens(layer) -> bool:
-    keys = getattr(layer, "keys", None)
-    return getattr(layer, "is_initialized", True) and keys is not None and keys.numel() > 0
-
-
-def _as_preallocated(layer, extra_tokens: int):
-    """A preallocated copy of the filled dynamic ``layer`` with room for ``extra_tokens``."""
-    _, preallocated = _preallocated_layer_type()
-    grown = preallocated.__new__(preallocated)
-    grown.__dict__.update(layer.__dict__)  # same state; only the update rule changes
-    grown.reserve(extra_tokens)
-    return grown
-
-
-def _probe_preallocated_layer() -> str | None:
-    """Feed a plain and a preallocated layer the same prefill and steps (one step past the
-    reservation); None when they return and hold the same keys and values."""
-    dynamic, _ = _preallocated_layer_type()
-    gen = torch.Generator().manual_seed(0)
-    prefill, *steps = (torch.randn(2, 2, n, 4, generator=gen) for n in (3, 1, 1, 1))
-    plain, grown = dynamic(), dynamic()
-    plain.update(prefill, -prefill)
-    grown.update(prefill, -prefill)
-    grown = _as_preallocated(grown, extra_tokens=2)
-    for n, new in enumerate(steps):
-        expected, got = plain.update(new, -new), grown.update(new, -new)
-        if not all(torch.equal(a, b) for a, b in zip(expected, got, strict=True)):
-            return f"step {n + 1} returned other keys/values than DynamicLayer"
-        if n == 0 and grown.keys.data_ptr() != grown._key_buffer.data_ptr():
-            return "a step did not write into the reserved buffer"
-    if grown.get_seq_length() != plain.get_seq_length():
-        return f"cache length {grown.get_seq_length()} differs from DynamicLayer's {plain.get_seq_length()}"
-    return None
-
-
-@functools.cache
-def preallocated_cache_unavailable() -> str | None:
-    """None when the preallocated KV cache works with this transformers, else why not
-    (checked once, logged once)."""
-    try:
-        # fp32 buffers whatever region the first generate call runs in (under autocast
-        # ``reserve`` stores the compute dtype, which would differ from the plain layer's)
-        with torch.autocast("cpu", enabled=False):
-            reason = _probe_preallocated_layer()
-    except Exception as exc:  # noqa: BLE001 - transformers internals: any failure means plain caches
-        reason = f"{type(exc).__name__}: {exc}"
-    if reason is not None:
-        logger.warning("the preallocated KV cache is off, decoding grows the cache by concatenation: %s", reason)
-    return reason
-
-
-def reserve_cache(cache, extra_tokens: int):
-    """Give every plain dynamic layer of ``cache`` room for ``extra_tokens`` more tokens,
-    written in place from then on (see :func:`_preallocated_layer_type`). Caches of other
-    layouts, and every cache where the probe failed, are returned unchanged (they keep
-    growing their own way)."""
-    layers = getattr(cache, "layers", None)
-    if extra_tokens < 1 or not layers or not isinstance(layers, list):
-        return cache
     if preallocated_cache_unavailable() is not None:
-        return cache
-    dynamic, _ = _preallocated_layer_type()
-    if not all(type(layer) is dynamic and _holds_tokens(layer) for layer in layers):
-        return cache
-    layers[:] = [_as_preallocated(layer, extra_tokens) for layer in layers]
-    return cache
-
-
-def repeat_cache_rows(cache, repeats: int):
-    """Repeat every batch row of a KV cache ``repeats`` times (row b -> rows b*r .. b*r+r-1).
-
-    Returns the repeated cache, or ``None`` when the cache holds state this helper does not
-    know how to repeat safely (linear-attention, quantized or static layers); the caller then
-    falls back to prefilling the repeated prompts.
-    """
-    if repeats == 1:
-        return cache
-    if isinstance(cache, tuple):  # legacy format: ((key, value), ...) per layer
-        return tuple(tuple(t.repeat_interleave(repeats, dim=0) for t in layer) for layer in cache)
-    layers = getattr(cache, "layers", None)
-    allowed = _repeatable_layer_types()
-    # exact types: subclasses (quantized, linear-attention hybrids) keep extra per-row state
-    if not layers or not all(type(layer) in allowed for layer in layers):
         return None
-    cache.batch_repeat_interleave(repeats)
-    return cache
+    dynamic, _ = _preallocated_layer_type()
+    lengths = mask.sum(dim=-1).tolist()
+    width = input_ids.shape[1]
+    cache = None
+    logits: list[torch.Tensor] = []
+    for chunk in prefill_chunks(lengths, budget):
+        rows = slice(chunk.start, chunk.stop)
+        cols = slice(width - max(1, *lengths[rows]), width)  # the chunk's left padding beyond its longest prompt
+        adapters = {"adapter_names": list(row_adapters[rows])} if row_adapters is not None else {}
+        outputs = model(
+            input_ids=input_ids[rows, cols],
+            attention_mask=mask[rows, cols],
+            position_ids=positions[rows, cols],
+            use_cache=True,
+            **forward_kwargs,
+            **adapters,
+        )
+        FORWARD_COUNTER.add(len(chunk))
+        chunk_cache = _returned_cache(outputs)
+        logits.append(outputs.logits[:, -1, :].float())
+        del outputs
+        layers = getattr(chunk_cache, "layers", None)
+        if not layers or not isinstance(layers, list):
+            return None
+        if cache is None:  # first chunk: the layout check and the final-size cache
+            if not all(type(layer) is dynamic and _holds_tokens(layer) for layer in layers):
+                return None
+            chunk_layers = list(layers)
+            layers[:] = [_as_preallocated_shell(layer) for layer in chunk_layers]
+            for layer in layers:
+                layer.allocate(input_ids.shape[0] * num_samples, width, extra_tokens)
+            cache = chunk_cache
+        else:
+            chunk_layers = layers
+        for layer, new in zip(cache.layers, chunk_layers, strict=True):
+            layer.write_prefill(chunk.start, chunk.stop, new.keys, new.values, num_samples)
+        del chunk_cache, chunk_layers, layers
+    return cache, torch.cat(logits).repeat_interleave(num_samples, dim=0)
 
 
 @torch.no_grad()
@@ -322,6 +256,8 @@ def sample_tokens(
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     num_samples: int = 1,
     row_adapters: Sequence[str] | None = None,
+    prefill_token_budget: int | None = None,
+    stop_watch: StopWatch | None = None,
 ) -> SampleOutput:
     """Sample up to ``max_new_tokens`` for every row of a left-padded batch at once.
 
@@ -338,6 +274,16 @@ def sample_tokens(
     ``row_adapters`` (one name per INPUT row) runs each row through its own LoRA adapter of
     a peft model in the same forward passes (peft's mixed-adapter batches): agents that
     share a base sample together, reading the base weights once per step.
+
+    ``prefill_token_budget`` prefills the prompts in row chunks of at most that many padded
+    tokens, written into the decoding cache as they come (see :func:`_chunked_prefill`):
+    the same tokens at a lower memory peak. None: one prefill pass for the whole batch.
+
+    Finished rows leave the batch: with one generator per row, the rows that have hit EOS
+    (or a stop string of ``stop_watch``, see :mod:`comlrl_core.models.stop_watch`) are
+    dropped from the KV cache and the next forward passes once a quarter of the running
+    rows are done (:mod:`comlrl_core.models.active_rows`); the sampled tokens are the same.
+    With one shared generator every row keeps drawing, so the stream stays the same.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
@@ -356,22 +302,47 @@ def sample_tokens(
     step_positions = positions
     cache = None
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    hit_eos = torch.zeros(batch, dtype=torch.bool, device=device)  # finished by EOS (not a stop string)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
     chosen: list[torch.Tensor] = []
-    for step in range(max_new_tokens):
-        outputs = model(
-            input_ids=step_ids,
-            attention_mask=mask,
-            position_ids=step_positions,
-            use_cache=True,
-            **{cache_name: cache},
-            **keep_last,
-            **adapters,
+    running = ActiveRows(batch, device)
+    can_drop = ActiveRows.can_drop(generator)
+    prefilled = None
+    if prefill_token_budget is not None:
+        prefilled = _chunked_prefill(
+            model,
+            input_ids,
+            mask,
+            positions,
+            budget=prefill_token_budget,
+            num_samples=num_samples,
+            extra_tokens=max_new_tokens - 1,
+            row_adapters=row_adapters,
+            forward_kwargs={cache_name: None, **keep_last},
         )
-        FORWARD_COUNTER.add(step_ids.shape[0])
-        cache = _returned_cache(outputs)
-        logits = outputs.logits[:, -1, :].float()
-        if step == 0 and num_samples > 1:
+    for step in range(max_new_tokens):
+        if step == 0 and prefilled is not None:  # prefilled chunk by chunk: cache fanned out and reserved
+            cache, logits = prefilled
+            if num_samples > 1:
+                mask = mask.repeat_interleave(num_samples, dim=0)
+                step_positions = step_positions.repeat_interleave(num_samples, dim=0)
+                if adapters:
+                    adapters = {"adapter_names": [a for a in adapters["adapter_names"] for _ in range(num_samples)]}
+        else:
+            outputs = model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_positions,
+                use_cache=True,
+                **{cache_name: cache},
+                **keep_last,
+                **adapters,
+            )
+            FORWARD_COUNTER.add(step_ids.shape[0])
+            cache = _returned_cache(outputs)
+            logits = outputs.logits[:, -1, :].float()
+            del outputs  # the prefill's hidden states and logits: not kept through decoding
+        if step == 0 and num_samples > 1 and prefilled is None:
             # the prompt prefill (the long pass) ran once per prompt; fan out to samples
             mask = mask.repeat_interleave(num_samples, dim=0)
             step_positions = step_positions.repeat_interleave(num_samples, dim=0)
@@ -392,21 +363,35 @@ def sample_tokens(
                 logits = outputs.logits[:, -1, :].float()
             else:
                 logits = logits.repeat_interleave(num_samples, dim=0)
-        if step == 0:
+        if step == 0 and prefilled is None:
             cache = reserve_cache(cache, max_new_tokens - 1)
-        next_ids = sample_next_tokens(logits, temperature, top_k, top_p, generator)
+        prefilled = None
+        drawn = sample_next_tokens(logits, temperature, top_k, top_p, generator)  # running rows only
+        next_ids = torch.full((batch,), pad_token_id, dtype=drawn.dtype, device=device)
+        next_ids[running.index] = drawn
         next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
         chosen.append(next_ids)
         lengths += (~finished).long()
-        finished |= torch.isin(next_ids, eos)
+        hit_eos |= torch.isin(next_ids, eos) & ~finished
+        finished |= hit_eos
+        if stop_watch is not None and stop_watch.due(step):
+            finished |= stop_watch.watch(chosen, ~finished)
         if bool(finished.all()):
             break
-        step_ids = next_ids[:, None]
         step_positions = step_positions[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
+        mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype, device=device)], dim=1)
+        if can_drop and running.worth_dropping(finished):
+            names = adapters.get("adapter_names")
+            shrunk = running.drop_finished(finished, cache, mask, step_positions, generator, names)  # type: ignore[arg-type]
+            if shrunk is None:
+                can_drop = False  # a cache layout that cannot shrink: keep every row
+            else:
+                mask, step_positions, generator, names = shrunk
+                if names is not None:
+                    adapters = {"adapter_names": names}
+        step_ids = next_ids[running.index][:, None]
     tokens = torch.stack(chosen, dim=1) if chosen else torch.empty(batch, 0, dtype=torch.long)
-    # stopped_on_eos: the last real token is an EOS (a row can't be finished otherwise)
-    return SampleOutput(tokens=tokens, lengths=lengths, stopped_on_eos=finished.clone())
+    return SampleOutput(tokens=tokens, lengths=lengths, stopped_on_eos=hit_eos)
 
 
 def prompt_groups_within_budget(

@@ -34,8 +34,20 @@ KEPT_NODES = (
 )
 
 
+_CODE_STARTS = ("def ", "async def ", "class ", "import ", "from ", "@")
+
+
 def extract_code(text: str) -> str:
-    """The Python code of a completion: its python-fenced blocks joined, else the text."""
+    """The Python code of a completion: its python-fenced blocks joined, else the text.
+
+    A reply that starts with code and then closes a fence it never opened (``def f(): ...``
+    then a line of three backticks, often followed by prose) is that leading code: the
+    stray fence is not read as the opening of a block.
+    """
+    first = text.find("```")
+    head = text[:first]
+    if first > 0 and head.lstrip().startswith(_CODE_STARTS) and text[first - 1] == "\n":
+        return head.strip("\n")
     blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(text)]
     python = [body for tag, body in blocks if tag in _PYTHON_TAGS]
     chosen = python or [body for _, body in blocks]

@@ -75,6 +75,7 @@ def build_team(config: Any, env: str | Callable[..., Any]) -> Any:
             lora_dropout=config.lora_dropout,
             dtype=config.dtype,
             mixed_precision=config.mixed_precision,
+            gradient_checkpointing=getattr(config, "gradient_checkpointing", False),
             device=config.device or default_device,
         )
         for m in models

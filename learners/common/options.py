@@ -245,6 +245,11 @@ class TeamOptions(BaseConfig):
         "(fast on GPUs and AMX CPUs); with lora the frozen base is stored in bf16",
     )
     device: str | None = option(None, help="device for every agent (None: CUDA when present)")
+    gradient_checkpointing: bool = option(
+        False,
+        help="recompute each layer's activations in the backward pass instead of keeping them: less "
+        "training memory, slower updates (it also turns off MAGRPO's one-pass scoring of a group's shared prompt)",
+    )
 
     def validate(self) -> None:
         super().validate()

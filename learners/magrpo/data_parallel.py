@@ -5,7 +5,8 @@
 :class:`DataParallel` (several processes under a launcher) everything that depends on
 how many processes share the run:
 
-* which task item a step handles (``step * world + rank``; ``step`` alone);
+* which task items a step handles (``tasks_per_step`` consecutive items starting at
+  ``(step * world + rank) * tasks_per_step``; ``step`` alone with the defaults);
 * when node-group buffers are flushed: a single process flushes an agent's buffer as
   soon as it is full; data-parallel processes flush together at the end of a step when
   any process's buffer is full, so they run the same number of updates;
@@ -19,6 +20,7 @@ how many processes share the run:
 
 from __future__ import annotations
 
+import math
 import pathlib
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -34,8 +36,11 @@ from learners.magrpo.groups import NodeGroup
 class SingleProcess:
     """One process holds the whole run: nothing is shared, summed or sharded."""
 
-    def __init__(self, context: DistributedContext | None = None) -> None:
+    def __init__(self, context: DistributedContext | None = None, tasks_per_step: int = 1) -> None:
+        if tasks_per_step < 1:
+            raise ValueError(f"tasks_per_step must be >= 1, got {tasks_per_step}")
         self.context = context or DistributedContext()
+        self.tasks_per_step = tasks_per_step
 
     @property
     def is_main(self) -> bool:
@@ -50,15 +55,16 @@ class SingleProcess:
     @property
     def items_per_step(self) -> int:
         """Task items all processes together handle in one step."""
-        return self.context.world_size
+        return self.context.world_size * self.tasks_per_step
 
-    def item_of_step(self, step: int) -> int:
-        """The global task item this process handles in step ``step``."""
-        return self.context.item_of_round(step)
+    def items_of_step(self, step: int) -> list[int]:
+        """The global task items this process handles in step ``step``."""
+        first = self.context.item_of_round(step) * self.tasks_per_step
+        return list(range(first, first + self.tasks_per_step))
 
     def num_steps(self, num_items: int) -> int:
         """Steps for all processes together to cover ``num_items`` items."""
-        return self.context.num_rounds(num_items)
+        return math.ceil(num_items / self.items_per_step)
 
     # -- buffers and updates ----------------------------------------------------------
     def add_groups(
@@ -106,10 +112,10 @@ class SingleProcess:
 class DataParallel(SingleProcess):
     """One of ``world_size`` processes (see :mod:`learners.common.distributed`)."""
 
-    def __init__(self, context: DistributedContext) -> None:
+    def __init__(self, context: DistributedContext, tasks_per_step: int = 1) -> None:
         if not context.enabled:
             raise ValueError("DataParallel needs a job of more than one process; use SingleProcess")
-        super().__init__(context)
+        super().__init__(context, tasks_per_step)
 
     @property
     def is_main(self) -> bool:
@@ -151,7 +157,7 @@ class DataParallel(SingleProcess):
         return self.context.reduce_metrics(metrics)
 
 
-def parallel_seam(context: DistributedContext | None = None) -> SingleProcess:
+def parallel_seam(context: DistributedContext | None = None, tasks_per_step: int = 1) -> SingleProcess:
     """The seam for the running job (default: :meth:`DistributedContext.current`)."""
     context = context or DistributedContext.current()
-    return DataParallel(context) if context.enabled else SingleProcess(context)
+    return DataParallel(context, tasks_per_step) if context.enabled else SingleProcess(context, tasks_per_step)

@@ -60,25 +60,28 @@ def groups_from_tree(tree: RolloutTree, policies: Sequence[Policy]) -> list[list
     return out
 
 
-def tree_metrics(tree: RolloutTree) -> dict[str, float]:
+def forest_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
     """``turn_{t}/reward_mean`` and ``turn_{t}/expected_return`` (node means, averaged
-    over the nodes of turn t), ``level/{name}`` (the env's reward levels, mean over the
-    tree's steps, when its infos report ``levels``), plus tree size figures."""
+    over every tree's nodes of turn t), ``level/{name}`` (the env's reward levels, mean over
+    every joint step, when its infos report ``levels``), and the size figures summed over
+    the trees of the step (``rollout/trees``: how many)."""
     metrics: dict[str, float] = {}
-    for level in tree.levels:
-        if not level:
-            continue
-        t = level[0].turn
-        metrics[f"turn_{t}/reward_mean"] = node_mean([node_mean([j.reward for j in n.joints]) for n in level])
-        metrics[f"turn_{t}/expected_return"] = node_mean([node_mean([j.ret for j in n.joints]) for n in level])
-        metrics[f"turn_{t}/num_nodes"] = float(len(level))
+    turns = sorted({level[0].turn for tree in trees for level in tree.levels if level})
+    for t in turns:
+        nodes = [n for tree in trees for level in tree.levels for n in level if n.turn == t]
+        metrics[f"turn_{t}/reward_mean"] = node_mean([node_mean([j.reward for j in n.joints]) for n in nodes])
+        metrics[f"turn_{t}/expected_return"] = node_mean([node_mean([j.ret for j in n.joints]) for n in nodes])
+        metrics[f"turn_{t}/num_nodes"] = float(len(nodes))
     # reward levels (infos["levels"], e.g. CoopCode's tests / cooperation), mean over every joint step
-    joints = [j for level in tree.levels for n in level for j in n.joints]
+    joints = [j for tree in trees for level in tree.levels for n in level for j in n.joints]
     for name in sorted({key for j in joints for key in j.levels}):
         values = [j.levels[name] for j in joints if name in j.levels]
         metrics[f"level/{name}"] = node_mean(values)
-    metrics["rollout/env_steps"] = float(tree.env_steps)
-    metrics["rollout/reward_hacks"] = float(tree.reward_hacks)  # flagged steps (infos["reward_hack"])
-    metrics["rollout/generate_calls"] = float(tree.generate_calls)
-    metrics["rollout/leaves"] = float(len(tree.leaves()))
+    if not trees:
+        return metrics
+    metrics["rollout/env_steps"] = float(sum(tree.env_steps for tree in trees))
+    metrics["rollout/reward_hacks"] = float(sum(tree.reward_hacks for tree in trees))  # flagged steps
+    metrics["rollout/generate_calls"] = float(max(tree.generate_calls for tree in trees))  # shared by the trees
+    metrics["rollout/leaves"] = float(sum(len(tree.leaves()) for tree in trees))
+    metrics["rollout/trees"] = float(len(trees))
     return metrics

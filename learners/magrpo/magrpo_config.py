@@ -15,6 +15,12 @@ their returns). Groups go into that agent's rollout buffer; when the buffer hold
 mini-batches of ``train_batch_size`` groups, one optimizer step per mini-batch. The
 buffer is also flushed at the end of every epoch and of training.
 
+``tasks_per_step`` (default 1, CoMLRL's one item per step) builds the rollout trees of that
+many consecutive task items together: every level of every tree shares the same sampling
+calls and sandbox batch, which is what makes small-batch CPU decoding pay. All of a step's
+trees are sampled from the same weights; their groups then enter the buffers in item order
+(with 1, a buffer can update between items). ``max_steps`` still counts task items.
+
 ``external_prompt_passthrough`` is a learner option as in CoMLRL (handed to the env through
 ``env_kwargs``; the env's own ``env_kwargs`` entry still works, and the two disagreeing is an
 error). A CoMLRL ``external:`` section in a YAML config (``external: {mode: level_feedback}``)
@@ -66,6 +72,11 @@ class MAGRPOConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOptions)
     train_batch_size: int | None = option(None, help="node groups per optimizer step (None: rollout_buffer_size)")
     num_train_epochs: int = option(1, help="passes over the training tasks")
     max_steps: int | None = option(None, help="stop after this many task items (None: all epochs)")
+    tasks_per_step: int = option(
+        1,
+        help="task items whose rollout trees are built together in one step (shared sampling calls and "
+        "sandbox batches; buffers fill from all of them, then update)",
+    )
     shuffle_tasks: bool = option(False, help="visit the training tasks in a seeded random order per epoch")
     # -- logging, checkpoints (evaluation, sampling, environment, team: learners.common.options)
     save_steps: int = option(0, help="checkpoint every this many steps (0: only at the end)")
@@ -103,6 +114,7 @@ class MAGRPOConfig(TeamOptions, GenerationOptions, RunOptions, OptimizerOptions)
                 "num_generations",
             )
         check_positive("num_turns", self.num_turns)
+        check_positive("tasks_per_step", self.tasks_per_step)
         check_range("discount", self.discount, 0.0, 1.0)
         if self.advantage_mode is not None:
             check_in("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)

@@ -1,20 +1,20 @@
 """MAGRPOTrainer: multi-agent GRPO on tree rollouts of any registered text environment.
 
-One training step = one task item: reset the env on the task, expand the rollout tree
-(:mod:`learners.magrpo.tree`), compute returns and per-agent credit
-(:mod:`learners.magrpo.advantages`), push each agent's node groups into its rollout
-buffer and update whenever a buffer is full (:mod:`learners.magrpo.update`).
+One training step = ``tasks_per_step`` task items (default one): reset an env on each
+task, expand their rollout trees together (:mod:`learners.magrpo.tree`), compute returns
+and per-agent credit (:mod:`learners.magrpo.advantages`), push each agent's node groups
+into its rollout buffer and update whenever a buffer is full (:mod:`learners.magrpo.update`).
 
 Every random draw is seeded from ``config.seed`` and the step, so a run resumed from a
 checkpoint continues exactly like an uninterrupted one.
 
 [distributed] Under a multi-process launcher (``accelerate launch`` / ``torchrun``) every
-process handles task item ``step * world + rank`` of each round, the buffers are checked
-and flushed together at the end of a round, and gradients are summed over the processes
-with losses divided by the global group count; ``global_step`` then counts rounds, and
-``train_batch_size`` groups are per process. Everything that depends on the number of
-processes goes through one seam, ``self.parallel`` (:mod:`learners.magrpo.data_parallel`),
-whose single-process implementation changes nothing.
+process handles the ``tasks_per_step`` items from ``(step * world + rank) * tasks_per_step``
+of each round, the buffers are checked and flushed together at the end of a round, and
+gradients are summed over the processes with losses divided by the global group count;
+``global_step`` then counts rounds, and ``train_batch_size`` groups are per process.
+Everything that depends on the number of processes goes through one seam,
+``self.parallel`` (:mod:`learners.magrpo.data_parallel`), whose single-process implementation changes nothing.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from learners.common.trainer_utils import (
 )
 from learners.magrpo.advantages import compute_returns
 from learners.magrpo.data_parallel import parallel_seam
-from learners.magrpo.groups import NodeGroup, groups_from_tree, tree_metrics
+from learners.magrpo.groups import NodeGroup, forest_metrics, groups_from_tree
 from learners.magrpo.magrpo_config import MAGRPOConfig
-from learners.magrpo.tree import build_tree
+from learners.magrpo.tree import RolloutTree, TreeRoot, build_forest
 from learners.magrpo.update import update_agent
 
 # Seed-path tags: keep the random streams of different purposes apart.
@@ -98,7 +98,8 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             if not params:
                 raise ValueError(f"agent {i} ({policy.name}) has no trainable parameters; MAGRPO trains every agent")
             self.optimizers.append(adamw(params, lr=config.agent_learning_rate, **adamw_settings(config)))
-        self.parallel = parallel_seam()  # [distributed] the one seam; a no-op in one process
+        # [distributed] the one seam; a no-op in one process
+        self.parallel = parallel_seam(tasks_per_step=config.tasks_per_step)
         # identical replicas: rank 0's trainable weights on every process
         self.parallel.broadcast_parameters(p for o in self.optimizers for p in trainable_parameters(o))
         self.reference_policies = reference_policies
@@ -162,31 +163,38 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
 
     # -- training -------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
-        """One task item: rollout tree, returns, buffers, updates. Returns its metrics."""
+        """``tasks_per_step`` task items: rollout trees (built together), returns, buffers,
+        updates. Returns the step's metrics."""
         c, step, parallel = self.config, self.global_step, self.parallel
         t0 = time.perf_counter()
         FORWARD_COUNTER.take()  # count this step's sampling passes only
-        item = parallel.item_of_step(step)  # the global item; == step in one process
-        tree = task = None
-        if item < self.total_items:  # [distributed] the last round may leave a process idle
-            task = self.task_for_step(item)
-            obs, _ = self.env.reset(seed=derive_seed(c.seed, _RESET, item), options={"task": task})
-            tree = build_tree(
-                self.env,
-                [obs[a] for a in self.agent_names],
-                self.policies,
-                self.agent_names,
-                num_generations=c.num_generations,
-                num_turns=c.num_turns,
-                joint_mode=c.joint_mode,
-                generation_config=self.generation_config(),
-                seed=derive_seed(c.seed, _TREE, item),
-            )
+        # the global items; [distributed] the last round may leave a process with fewer or none
+        items = [item for item in parallel.items_of_step(step) if item < self.total_items]
+        tasks = [self.task_for_step(item) for item in items]
+        roots = []
+        for item, task in zip(items, tasks, strict=True):
+            env = self.env if len(items) == 1 else self.env.clone()
+            obs, _ = env.reset(seed=derive_seed(c.seed, _RESET, item), options={"task": task})
+            roots.append(TreeRoot(env, [obs[a] for a in self.agent_names], derive_seed(c.seed, _TREE, item)))
+        trees: list[RolloutTree] = build_forest(
+            roots,
+            self.policies,
+            self.agent_names,
+            num_generations=c.num_generations,
+            num_turns=c.num_turns,
+            joint_mode=c.joint_mode,
+            generation_config=self.generation_config(),
+        )
+        for tree in trees:
             compute_returns(tree, c.discount)
         t1 = time.perf_counter()
         passes, rows = FORWARD_COUNTER.take()
         self._step_updates = [[] for _ in self.policies]
-        new_groups = groups_from_tree(tree, self.policies) if tree else [[] for _ in self.policies]
+        # each agent's groups in item order; one call per step ([distributed] a collective)
+        new_groups: list[list[NodeGroup]] = [[] for _ in self.policies]
+        for tree in trees:
+            for agent, groups in enumerate(groups_from_tree(tree, self.policies)):
+                new_groups[agent].extend(groups)
         parallel.add_groups(self.buffers, new_groups, c.rollout_buffer_size, self._flush)
         per_step = parallel.items_per_step
         last_item = min((step + 1) * per_step, self.total_items)  # items done after this step
@@ -195,7 +203,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             for agent in range(len(self.policies)):
                 self._flush(agent)
         self.global_step = step + 1
-        metrics = tree_metrics(tree) if tree else {}
+        metrics = forest_metrics(trees)
         metrics.update(self._agent_metrics())
         if passes:  # the mean batch of the rollout's decoding steps (agents of a shared base together)
             metrics["rollout/rows_per_forward"] = rows / passes
@@ -206,8 +214,8 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
                 "time/step_s": time.perf_counter() - t0,
             }
         )
-        if task is not None:
-            metrics["train/task"] = float(task)
+        if tasks:
+            metrics["train/task"] = float(tasks[0])
         metrics = parallel.reduce_metrics(metrics)  # [distributed] means over the processes
         if self.global_step % c.logging_steps == 0:
             self._log(metrics)

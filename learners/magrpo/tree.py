@@ -108,54 +108,108 @@ def build_tree(
     depend on what else shares its batch. Node envs are dropped once stepped unless
     ``keep_envs``.
     """
+    (tree,) = build_forest(
+        [TreeRoot(env, prompts, seed)],
+        policies,
+        agent_names,
+        num_generations=num_generations,
+        num_turns=num_turns,
+        joint_mode=joint_mode,
+        generation_config=generation_config,
+        keep_envs=keep_envs,
+    )
+    return tree
+
+
+@dataclass(frozen=True)
+class TreeRoot:
+    """Where one tree of a forest starts: a reset env, its turn-1 prompts (one per agent)
+    and the tree's seed."""
+
+    env: Any
+    prompts: Sequence[str]
+    seed: int
+
+
+def build_forest(
+    roots: Sequence[TreeRoot],
+    policies: Sequence[Policy],
+    agent_names: Sequence[str],
+    *,
+    num_generations: int,
+    num_turns: int,
+    joint_mode: str = "aligned",
+    generation_config: GenerationConfig | None = None,
+    keep_envs: bool = False,
+) -> list[RolloutTree]:
+    """Expand one tree per root, level by level, all trees together: every node of a
+    level, in every tree, goes into the same sampling calls and the same ``step_many``.
+
+    Each tree is exactly the one :func:`build_tree` builds from its root alone: every
+    completion keeps its own seed (``derive_seed(root.seed, turn, agent, k)``, k counted
+    within its tree), and every joint action steps its own env clone.
+    """
     n = len(policies)
-    if n != len(agent_names) or n != len(prompts):
+    if n != len(agent_names) or any(len(r.prompts) != n for r in roots):
         raise ValueError(
             f"build_tree needs one policy and one prompt per agent: {n} policies, "
-            f"{len(agent_names)} agent names, {len(prompts)} prompts"
+            f"{len(agent_names)} agent names, {[len(r.prompts) for r in roots]} prompts"
         )
     if num_generations < 1 or num_turns < 1:
         raise ValueError("num_generations and num_turns must be >= 1")
     combos = joint_indices(n, num_generations, joint_mode)
     config = generation_config or GenerationConfig()
-    root = TreeNode(turn=1, prompts=list(prompts), env=env)
-    tree = RolloutTree(root=root, levels=[])
-    level = [root]
+    trees = []
+    for r in roots:
+        root = TreeNode(turn=1, prompts=list(r.prompts), env=r.env)
+        trees.append(RolloutTree(root=root, levels=[]))
+    levels = [[tree.root] for tree in trees]  # the current level of each tree (empty: done)
     for turn in range(1, num_turns + 1):
-        tree.levels.append(level)
-        # One generate call per agent for the whole level (agents of a shared base together).
+        live = [(tree, level, root.seed) for tree, level, root in zip(trees, levels, roots, strict=True) if level]
+        if not live:
+            break
+        for tree, level, _ in live:
+            tree.levels.append(level)
+        nodes = [node for _, level, _ in live for node in level]
+        # One generate call per agent for the whole level of every tree (agents of a shared base together).
         requests = [
             GenerationRequest(
-                [node.prompts[i] for node in level],
+                [node.prompts[i] for node in nodes],
                 num_generations,
                 config,
-                [derive_seed(seed, turn, i, k) for k in range(len(level) * num_generations)],
+                [
+                    derive_seed(tree_seed, turn, i, k)
+                    for _, level, tree_seed in live
+                    for k in range(len(level) * num_generations)
+                ],
             )
             for i in range(n)
         ]
         for policy, outs in zip(policies, generate_together(policies, requests), strict=True):
-            tree.generate_calls += 1
-            if len(outs) != len(level) or any(len(o) != num_generations for o in outs):
+            for tree, _, _ in live:
+                tree.generate_calls += 1
+            if len(outs) != len(nodes) or any(len(o) != num_generations for o in outs):
                 raise RuntimeError(
                     f"{type(policy).__name__}.generate returned a wrong shape: expected "
-                    f"{len(level)} prompts x {num_generations} samples"
+                    f"{len(nodes)} prompts x {num_generations} samples"
                 )
-            for node, node_outs in zip(level, outs, strict=True):
+            for node, node_outs in zip(nodes, outs, strict=True):
                 node.completions.append(list(node_outs))
-        # Every joint action of the level steps its own clone, all in one batch.
+        # Every joint action of the level steps its own clone, all trees in one batch.
         clones, actions, owners = [], [], []
-        for node in level:
-            for idx in combos:
-                node.joints.append(JointAction(indices=idx))
-                clones.append(node.env.clone())
-                actions.append({agent_names[a]: node.completions[a][g].text for a, g in enumerate(idx)})
-                owners.append(node.joints[-1])
-            if not keep_envs:
-                node.env = None
+        for tree, level, _ in live:
+            for node in level:
+                for idx in combos:
+                    node.joints.append(JointAction(indices=idx))
+                    clones.append(node.env.clone())
+                    actions.append({agent_names[a]: node.completions[a][g].text for a, g in enumerate(idx)})
+                    owners.append((tree, node.joints[-1]))
+                if not keep_envs:
+                    node.env = None
         results = step_many(clones, actions)
-        tree.env_steps += len(results)
-        next_level: list[TreeNode] = []
-        for joint, clone, (obs, rewards, terms, truncs, infos) in zip(owners, clones, results, strict=True):
+        next_levels: dict[int, list[TreeNode]] = {id(tree): [] for tree in trees}
+        for (tree, joint), clone, (obs, rewards, terms, truncs, infos) in zip(owners, clones, results, strict=True):
+            tree.env_steps += 1
             tree.reward_hacks += any(isinstance(i, dict) and i.get("reward_hack") for i in (infos or {}).values())
             joint.reward = team_reward(clone, rewards)
             joint.levels = _info_levels(infos)
@@ -164,8 +218,6 @@ def build_tree(
                 continue
             child = TreeNode(turn=turn + 1, prompts=[obs[a] for a in agent_names], env=clone)
             joint.child = child
-            next_level.append(child)
-        if not next_level:
-            break
-        level = next_level
-    return tree
+            next_levels[id(tree)].append(child)
+        levels = [next_levels[id(tree)] for tree in trees]
+    return trees

@@ -8,26 +8,15 @@ the tiny model improves.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from bench_loader import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from load_bench_script("learning")
 
 
 def test_quick_run_prints_a_row_per_run_and_a_summary_per_learner(bench, tmp_path):

@@ -43,6 +43,9 @@ def test_main_job_writes_the_run_folder(tmp_path):
         iv = evals["comparison"][key]
         assert iv["low"] <= iv["difference"] <= iv["high"] and f"| {key} |" in table
     assert evals["seed"] == 7 and evals["command"].startswith("comlrl main --out")
+    # wall time and peak memory, with the CPU they were measured on (issue #15's RSS figure)
+    assert 0.1 < evals["peak_rss_gib"] < 64 and evals["seconds"] > 0 and evals["cpu"]
+    assert f"peak RSS {evals['peak_rss_gib']:.2f} GiB" in table and evals["cpu"] in table
     # the table's "after" column is what `comlrl eval --checkpoint` gives for the run folder
     replay = tmp_path / "replay.json"
     assert cli_main(["eval", "--checkpoint", str(out), "--out", str(replay)]) == 0

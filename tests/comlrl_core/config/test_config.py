@@ -374,3 +374,10 @@ def test_yaml_keeps_strings_that_read_like_numbers(key: str, tmp_path: pathlib.P
     cfg = MAGRPOConfig(reward_weights={key: 1.0})
     path = cfg.to_yaml(tmp_path / "cfg.yaml")
     assert MAGRPOConfig.from_yaml(path).reward_weights == {key: 1.0}
+
+
+def test_a_list_of_strings_with_line_breaks_is_one_override_line() -> None:
+    cfg = MAGRPOConfig(stop_words=["\n```\n", "a\tb"])
+    (line,) = [o for o in cfg.to_overrides() if o.startswith("stop_words=")]
+    assert "\n" not in line  # one line: `--print-config` output can be pasted back
+    assert MAGRPOConfig().with_overrides([line]).stop_words == ["\n```\n", "a\tb"]

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from comlrl_core.models.active_rows import ActiveRows
 from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.joint_generation import GenerationRequest, generate_together
 from comlrl_core.models.sampling import FORWARD_COUNTER, prompt_groups_within_budget
@@ -113,3 +114,29 @@ def test_a_wrapped_generate_is_honoured(lora_team):
     finally:
         del lora_team[0].generate
     assert calls == [2]
+
+
+def test_rows_that_finish_leave_the_joint_batch_with_the_same_results(lora_team, monkeypatch):
+    # a common token as EOS makes rows of both adapters end at different steps, so the
+    # joint batch shrinks (adapter runs re-sliced) while the others keep decoding
+    cfg = GenerationConfig(max_new_tokens=24, temperature=1.0, top_k=20)
+    first = generate_together(list(lora_team), _requests(cfg))
+    tokens = [t for agent in _ids(first) for group in agent for ids in group for t in ids[:12]]
+    common = max(set(tokens), key=tokens.count)
+    for policy in lora_team:
+        monkeypatch.setattr(policy, "eos_token_ids", [common])
+    separate = [
+        p.generate(list(r.prompts), r.num_samples, r.config, r.seed)
+        for p, r in zip(lora_team, _requests(cfg), strict=True)
+    ]
+    FORWARD_COUNTER.take()
+    together = generate_together(list(lora_team), _requests(cfg))
+    _, rows_dropping = FORWARD_COUNTER.take()
+    monkeypatch.setattr(ActiveRows, "can_drop", staticmethod(lambda generator: False))
+    generate_together(list(lora_team), _requests(cfg))
+    _, rows_keeping = FORWARD_COUNTER.take()
+    assert _ids(together) == _ids(separate)
+    lengths = [len(ids) for agent in _ids(together) for group in agent for ids in group]
+    assert min(lengths) < max(lengths)
+    assert any(c.finish_reason == "eos" for agent in together for g in agent for c in g)
+    assert rows_dropping < rows_keeping  # finished rows really left the joint batch

@@ -29,8 +29,12 @@ def policy() -> TransformersPolicy:
     return TransformersPolicy.from_source("tiny-random", device="cpu")
 
 
-def _samples(policy: TransformersPolicy, temperature: float) -> list[list[list[int]]]:
-    cfg = GenerationConfig(max_new_tokens=10, temperature=temperature, top_k=20)
+def _samples(
+    policy: TransformersPolicy, temperature: float, prefill_token_budget: int | None = 2048
+) -> list[list[list[int]]]:
+    cfg = GenerationConfig(
+        max_new_tokens=10, temperature=temperature, top_k=20, prefill_token_budget=prefill_token_budget
+    )
     out = policy.generate(PROMPTS, num_samples=3, generation_config=cfg, seed=5)
     return [[c.token_ids for c in row] for row in out]
 
@@ -51,8 +55,19 @@ def _layer_types_after_reserve(policy, monkeypatch) -> list[set[str]]:
 def test_the_probe_passes_here(fresh_probe, policy, monkeypatch):
     assert sampling.preallocated_cache_unavailable() is None
     seen = _layer_types_after_reserve(policy, monkeypatch)
-    _samples(policy, 0.0)
+    _samples(policy, 0.0, prefill_token_budget=None)  # one prefill pass, then reserve_cache
     assert seen == [{"PreallocatedLayer"}]
+    chunked: list[set[str]] = []
+    real = sampling._chunked_prefill
+
+    def spy(*args, **kwargs):
+        cache, logits = real(*args, **kwargs)
+        chunked.append({type(layer).__name__ for layer in cache.layers})
+        return cache, logits
+
+    monkeypatch.setattr(sampling, "_chunked_prefill", spy)
+    _samples(policy, 0.0)  # the chunked prefill builds the preallocated cache itself
+    assert chunked == [{"PreallocatedLayer"}] and len(seen) == 1
 
 
 def test_the_probe_passes_under_bf16_autocast(fresh_probe):

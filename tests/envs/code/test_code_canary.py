@@ -7,7 +7,7 @@ from code_fakes import FakeSandbox
 
 from comlrl_core.policy import Completion, GenerationConfig, Policy
 from envs.code import CoopCodeEnv
-from learners.magrpo.groups import tree_metrics
+from learners.magrpo.groups import forest_metrics
 from learners.magrpo.tree import build_tree
 
 TASK = {
@@ -113,4 +113,4 @@ def test_training_metrics_count_flagged_steps():
         num_turns=1,
         generation_config=GenerationConfig(max_new_tokens=4),
     )
-    assert tree_metrics(tree)["rollout/reward_hacks"] == 2.0
+    assert forest_metrics([tree])["rollout/reward_hacks"] == 2.0

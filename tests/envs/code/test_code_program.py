@@ -150,3 +150,12 @@ def test_generator_expressions_see_test_locals():
     prelude, tests = build_test_harness(task)
     result = FakeSandbox().run([Program("def g(s):\n    return s\n\n" + prelude, tests, per_assert=True)])[0]
     assert all(a.passed for a in result.asserts)
+
+
+def test_extract_code_reads_leading_code_before_a_stray_closing_fence():
+    # the reply starts with code and closes a fence it never opened: the code is what came first
+    assert extract_code("def aux(x):\n    return -x\n```") == "def aux(x):\n    return -x"
+    prose_after = "def aux(x):\n    return -x\n```\n\nThis helper negates x.\n```python\nprint(aux(1))\n```"
+    assert extract_code(prose_after) == "def aux(x):\n    return -x"
+    # prose first, then a real block: the block, as before
+    assert extract_code("Here it is:\n```python\ndef f():\n    return 1\n```") == "def f():\n    return 1"

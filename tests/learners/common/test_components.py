@@ -257,3 +257,12 @@ def test_the_dataset_env_from_the_command_line(tmp_path):
     )
     assert rc == 0
     assert len([r for r in read_metrics(out) if "turn_1/reward_mean" in r]) == 2
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gradient_checkpointing_option_reaches_every_agent(checkpointing):
+    from comlrl_core.models.lora import is_checkpointing
+
+    config = MAGRPOConfig(agent_models=["tiny-random"], num_agents=2, lora=True, gradient_checkpointing=checkpointing)
+    team = build_team(config, "comlrl/Writing-v0")
+    assert [is_checkpointing(p.model) for p in team] == [checkpointing, checkpointing]

@@ -51,13 +51,25 @@ def test_one_process_flushes_each_buffer_as_soon_as_it_is_full():
 def test_one_process_answers_locally():
     single = parallel_seam(DistributedContext())
     assert type(single) is SingleProcess and single.is_main
-    assert [single.item_of_step(s) for s in range(3)] == [0, 1, 2] and single.num_steps(5) == 5
+    assert [single.items_of_step(s) for s in range(3)] == [[0], [1], [2]] and single.num_steps(5) == 5
     assert single.batch_counts([2, 0]) == [2, 0] and single.global_count(3) == 3
     assert single.sync_gradients([], True) and not single.sync_gradients([], False)
     assert single.reduce_metrics({"a": 1.0}) == {"a": 1.0}
     p = torch.nn.Parameter(torch.ones(2))
     single.broadcast_parameters([p])
     assert torch.equal(p.data, torch.ones(2))
+
+
+def test_several_tasks_per_step_take_consecutive_items():
+    single = SingleProcess(DistributedContext(), tasks_per_step=3)
+    assert [single.items_of_step(s) for s in range(2)] == [[0, 1, 2], [3, 4, 5]]
+    assert single.items_per_step == 3 and single.num_steps(7) == 3 and single.num_steps(6) == 2
+    # two processes, 2 tasks each: rank 1 takes items 2, 3 of round 0 and 6, 7 of round 1
+    parallel = DataParallel(ScriptedPeer(rank=1), tasks_per_step=2)
+    assert [parallel.items_of_step(s) for s in range(2)] == [[2, 3], [6, 7]]
+    assert parallel.items_per_step == 4 and parallel.num_steps(9) == 3
+    with pytest.raises(ValueError, match="tasks_per_step"):
+        SingleProcess(tasks_per_step=0)
 
 
 def test_data_parallel_needs_several_processes():
@@ -79,7 +91,7 @@ def test_batch_counts_and_group_counts_are_global():
     parallel = DataParallel(ScriptedPeer(replies=[[1, 3], [2]]))
     assert parallel.batch_counts([2, 0]) == [2, 3]  # the most any process runs, per turn
     assert parallel.global_count(3) == 5  # the loss divisor: every process's groups
-    assert [parallel.item_of_step(s) for s in range(3)] == [0, 2, 4] and parallel.num_steps(5) == 3
+    assert [parallel.items_of_step(s) for s in range(3)] == [[0], [2], [4]] and parallel.num_steps(5) == 3
 
 
 def test_only_rank_zero_writes(tmp_path):

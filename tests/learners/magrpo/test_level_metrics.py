@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from learners.magrpo.groups import tree_metrics
+from learners.magrpo.groups import forest_metrics
 from learners.magrpo.tree import JointAction, RolloutTree, TreeNode, _info_levels
 
 
@@ -21,7 +21,7 @@ def test_tree_metrics_average_each_level_over_every_step_of_the_tree():
     first = node(1, [{"tests": 0.0, "cooperation": 1.0}, {"tests": 1.0, "cooperation": 0.0}])
     second = node(2, [{"tests": 0.5, "cooperation": 1.0}, {"tests": 0.5}])
     tree = RolloutTree(root=first, levels=[[first], [second]])
-    metrics = tree_metrics(tree)
+    metrics = forest_metrics([tree])
     assert metrics["level/tests"] == pytest.approx(0.5)
     assert metrics["level/cooperation"] == pytest.approx(2 / 3)  # steps that report it
     assert "turn_1/reward_mean" in metrics

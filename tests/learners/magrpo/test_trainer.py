@@ -189,3 +189,36 @@ def test_resume_equals_uninterrupted(tmp_path, buffer_size):
     tr2.train()
     for a, b in zip(straight, resumed, strict=True):
         assert torch.equal(a.logits.detach(), b.logits.detach())
+
+
+def test_tasks_per_step_builds_the_trees_of_several_items_together(tmp_path):
+    counter = {"steps": 0, "batches": 0, "clones": 0, "resets": 0}
+    one = [BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]
+    tr = _trainer(tmp_path / "k3", policies=one, counter=counter, num_turns=2, tasks_per_step=3, max_steps=5)
+    assert tr.total_steps == 2  # 5 items, 3 per step
+    tr.train()
+    # items 0..4 each reset once; a step's trees share one env batch and one sampling call per level
+    assert counter["resets"] == 5 and counter["batches"] == 2 * 2
+    assert [len(c) for c in one[0].generate_calls] == [2] * 4
+    assert [n for n, _ in one[0].generate_calls] == [3, 12, 2, 8]  # nodes of a level: 3 trees x (1, 4)
+    logged = [h for h in tr.history if "rollout/trees" in h]
+    assert [h["rollout/trees"] for h in logged] == [3.0, 2.0]
+    assert [h["turn_2/num_nodes"] for h in logged] == [12.0, 8.0]
+    assert [h["train/task"] for h in logged] == [0.0, 3.0]
+
+
+def test_tasks_per_step_samples_each_item_as_alone_before_the_first_update(tmp_path):
+    # a buffer large enough that nothing updates inside the first step: the step's groups
+    # are exactly those of the same items trained one per step
+    def groups_seen(trainer):
+        seen = []
+        trainer._flush = lambda agent: seen.append([g.completion_ids for g in trainer.buffers[agent]])  # type: ignore
+        trainer.train_step()
+        return [[g.completion_ids for g in buf] for buf in trainer.buffers]
+
+    together = _trainer(tmp_path / "a", num_turns=2, tasks_per_step=2, rollout_buffer_size=100, max_steps=4)
+    apart = _trainer(tmp_path / "b", num_turns=2, tasks_per_step=1, rollout_buffer_size=100, max_steps=4)
+    got = groups_seen(together)
+    apart.train_step()
+    expected = groups_seen(apart)
+    assert got == expected and len(got[0]) == 2 * 5

@@ -81,3 +81,59 @@ def test_children_see_their_own_branch():
     for joint in tree.root.joints:
         a, b = joint.indices
         assert joint.child.prompts == [f"task0 turn2 a0 prev={a}", f"task0 turn2 a1 prev={b}"]
+
+
+def _tree_record(tree):
+    """What a tree holds: per level, each node's prompts, completions and joint rewards."""
+    return [
+        [
+            (
+                node.prompts,
+                [[c.token_ids for c in comps] for comps in node.completions],
+                [j.reward for j in node.joints],
+            )
+            for node in level
+        ]
+        for level in tree.levels
+    ]
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5])
+def test_a_forest_is_the_trees_built_alone(threshold):
+    # bigram policies sample with per-completion seeds: each tree of the forest must be the
+    # tree build_tree makes from its root alone, although the forest samples them together
+    from magrpo_fakes import BigramPolicy
+
+    from learners.magrpo.tree import TreeRoot, build_forest
+
+    def reward(task, actions, turn):
+        return float(len(actions["a0"]) % 3 == task % 3) + 0.1 * turn
+
+    kw = dict(
+        num_generations=2, num_turns=3, joint_mode="aligned", generation_config=GenerationConfig(max_new_tokens=5)
+    )
+    agents = ["a0", "a1"]
+    roots, alone, counter = [], [], {"steps": 0, "batches": 0, "clones": 0, "resets": 0}
+    for task, seed in [(0, 11), (1, 12), (2, 13)]:
+        env = CountingEnv(num_turns=3, early_termination_threshold=threshold, reward_fn=reward, counter=counter)
+        obs, _ = env.reset(options={"task": task})
+        roots.append(TreeRoot(env.clone(), [obs[a] for a in agents], seed))
+        alone.append(
+            build_tree(
+                env,
+                [obs[a] for a in agents],
+                [BigramPolicy(init_seed=0), BigramPolicy(init_seed=1)],
+                agents,
+                seed=seed,
+                **kw,
+            )
+        )
+    policies = [BigramPolicy(init_seed=0), BigramPolicy(init_seed=1)]
+    batches_before = counter["batches"]
+    forest = build_forest(roots, policies, agents, **kw)
+    assert [_tree_record(t) for t in forest] == [_tree_record(t) for t in alone]
+    assert [(t.env_steps, len(t.leaves())) for t in forest] == [(t.env_steps, len(t.leaves())) for t in alone]
+    # one sampling call per agent per level and one env batch per level, for all three trees
+    levels = max(len(t.levels) for t in forest)
+    assert len(policies[0].generate_calls) == levels and counter["batches"] - batches_before == levels
+    assert policies[0].generate_calls[0] == (3, 2)

@@ -4,6 +4,8 @@ behind after the block."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -12,11 +14,24 @@ from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.policy import GenerationConfig
 
 PROMPTS = ["def add(a, b):", "Write a story about a team", "x"]
+FP32_DEFAULT_MIN_ELEMENTS = packed_linear.FP32_MIN_WEIGHT_ELEMENTS
+
+
+@pytest.fixture(autouse=True)
+def pack_every_fp32_layer(monkeypatch):
+    """The tiny model's weights are all below the fp32 size rule: these tests exercise the
+    packed path itself, so every layer packs (the rule has its own test)."""
+    monkeypatch.setattr(packed_linear, "FP32_MIN_WEIGHT_ELEMENTS", packed_linear._MIN_WEIGHT_ELEMENTS)
 
 
 def _policy(mixed: str = "no") -> TransformersPolicy:
     torch.manual_seed(0)
     return TransformersPolicy.from_source("tiny-random", device="cpu", mixed_precision=mixed)
+
+
+def _vocab(policy: TransformersPolicy) -> int:
+    config: Any = policy.model.config  # a transformers config (typed loosely by nn.Module)
+    return int(config.vocab_size)
 
 
 def _autocast(mixed: str):
@@ -32,7 +47,7 @@ def test_same_logits_as_the_plain_layers(mixed):
     if not _available(mixed):
         pytest.skip("packing backend not in this torch build / CPU")
     policy = _policy(mixed)
-    ids = torch.randint(5, policy.model.config.vocab_size, (3, 7))
+    ids = torch.randint(5, _vocab(policy), (3, 7))
     with torch.no_grad(), _autocast(mixed):
         plain = policy.model(input_ids=ids).logits.float()
         with packed_linear.prepacked_linears(policy.model, rows=3 * 7) as active:
@@ -56,7 +71,7 @@ def test_gradient_passes_use_the_plain_layers_and_the_block_cleans_up():
         pytest.skip("MKL packing not in this torch build")
     policy = _policy()
     layer = next(m for m in policy.model.modules() if isinstance(m, torch.nn.Linear))
-    ids = torch.randint(5, policy.model.config.vocab_size, (2, 5))
+    ids = torch.randint(5, _vocab(policy), (2, 5))
     with packed_linear.prepacked_linears(policy.model, rows=2) as active:
         assert active and "forward" in layer.__dict__
         loss = policy.model(input_ids=ids).logits.float().logsumexp(-1).mean()
@@ -69,7 +84,7 @@ def test_packs_the_weights_as_they_are_when_the_block_opens():
     if not _available("no"):
         pytest.skip("MKL packing not in this torch build")
     policy = _policy()
-    ids = torch.randint(5, policy.model.config.vocab_size, (1, 4))
+    ids = torch.randint(5, _vocab(policy), (1, 4))
     with torch.no_grad():
         before = policy.model(input_ids=ids).logits
         for p in policy.model.parameters():
@@ -79,6 +94,20 @@ def test_packs_the_weights_as_they_are_when_the_block_opens():
         after_plain = policy.model(input_ids=ids).logits
     assert not torch.allclose(before, after_packed)
     assert torch.allclose(after_plain, after_packed, atol=1e-4)
+
+
+def test_fp32_packs_only_the_large_weights_and_bf16_packs_every_layer(monkeypatch):
+    monkeypatch.setattr(packed_linear, "FP32_MIN_WEIGHT_ELEMENTS", FP32_DEFAULT_MIN_ELEMENTS)
+    vocab = FP32_DEFAULT_MIN_ELEMENTS // 64 + 1  # a vocabulary projection just over the rule
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, vocab))
+    x = torch.randn(3, 64)
+    for mixed, expected in (("no", [False, True]), ("bf16", [True, True])):
+        if not _available(mixed):
+            continue
+        with torch.no_grad(), _autocast(mixed), packed_linear.prepacked_linears(model, rows=3) as active:
+            assert active and ["forward" in layer.__dict__ for layer in model] == expected
+            packed = model(x).float()
+        assert torch.allclose(packed, model(x).float(), atol=1e-4 if mixed == "no" else 5e-2)
 
 
 # -- probes, fallbacks and other people's hooks ---------------------------------------------
