@@ -12,12 +12,17 @@ Cases:
   ``--prompt-tokens`` prompt tokens and ``--new-tokens`` new tokens, EOS off so that every
   row decodes the whole budget (the whole KV cache is written), with chunked prefill
   (one case per ``--prefill-budget``) and without;
-- ``update``: one LoRA forward + backward of ``--update-tokens`` padded tokens (rows of
-  ``--update-seq`` tokens), with and without ``gradient_checkpointing``.
+- ``update``: ``--update-repeats`` LoRA forward + backward passes (a real update runs many
+  micro-batches; the allocator's drift shows from the second on) of ``--update-tokens``
+  padded tokens (rows of ``--update-seq`` tokens), with and without ``gradient_checkpointing``.
+
+``--allocators`` runs every case under each C allocator (``glibc``: the default malloc;
+``tcmalloc`` / ``jemalloc``: preloaded, :mod:`comlrl_core.models.cpu.allocator`).
 
     .venv/bin/python bench/memory_probe.py                       # SmolLM2-135M, defaults
     .venv/bin/python bench/memory_probe.py --rows 24 --prompt-tokens 471 --new-tokens 16
     .venv/bin/python bench/memory_probe.py --model tiny-random --rows 4 --prompt-tokens 20
+    .venv/bin/python bench/memory_probe.py --cases update --update-tokens 1024 --allocators glibc tcmalloc jemalloc
 
 Timings are printed for orientation only (they depend on the machine's load).
 """
@@ -52,10 +57,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--update-tokens", type=int, nargs="+", default=[1024, 4096], help="token budgets")
     parser.add_argument("--update-seq", type=int, default=512, help="tokens per row of the update (prompt + 96)")
+    parser.add_argument("--update-repeats", type=int, default=3, help="forward + backward passes per update case")
+    parser.add_argument(
+        "--allocators",
+        nargs="+",
+        choices=["glibc", "tcmalloc", "jemalloc"],
+        default=["glibc"],
+        help="run every case under each C allocator (tcmalloc / jemalloc preloaded)",
+    )
     parser.add_argument("--cases", nargs="+", choices=["sample", "update"], default=["sample", "update"])
     parser.add_argument("--child", help=argparse.SUPPRESS)  # a case, as JSON: run it in this process
     args = parser.parse_args(argv)
-    for name in ("rows", "num_samples", "prompt_tokens", "new_tokens", "update_seq"):
+    for name in ("rows", "num_samples", "prompt_tokens", "new_tokens", "update_seq", "update_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.rows % args.num_samples:
@@ -70,13 +83,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def cases(args: argparse.Namespace) -> list[dict]:
     """One dict per subprocess: what it builds and runs."""
     out: list[dict] = []
-    if "sample" in args.cases:
-        for budget in (None, *args.prefill_budget):
-            out.append({"kind": "sample", "prefill_budget": budget, "gradient_checkpointing": False})
-    if "update" in args.cases:
-        for tokens in args.update_tokens:
-            for checkpointing in (False, True):
-                out.append({"kind": "update", "tokens": tokens, "gradient_checkpointing": checkpointing})
+    for allocator in args.allocators:
+        if "sample" in args.cases:
+            for budget in (None, *args.prefill_budget):
+                out.append({"kind": "sample", "prefill_budget": budget, "gradient_checkpointing": False})
+        if "update" in args.cases:
+            for tokens in args.update_tokens:
+                for checkpointing in (False, True):
+                    out.append({"kind": "update", "tokens": tokens, "gradient_checkpointing": checkpointing})
+        for case in out:
+            case.setdefault("allocator", allocator)
     return out
 
 
@@ -150,10 +166,19 @@ def child(args: argparse.Namespace, case: dict) -> dict:
         prompt_ids = [_token_ids(lead, args.update_seq - completion, r) for r in range(rows)]
         completion_ids = [_token_ids(lead, completion, r + 7) for r in range(rows)]
         lead.model.train()
-        logprobs, mask = lead.token_logprobs(prompt_ids, completion_ids)
-        (-(logprobs * mask).sum() / mask.sum()).backward()
+        last_pass = 0.0
+        for _ in range(args.update_repeats):
+            pass_start = time.perf_counter()
+            logprobs, mask = lead.token_logprobs(prompt_ids, completion_ids)
+            (-(logprobs * mask).sum() / mask.sum()).backward()
+            last_pass = time.perf_counter() - pass_start
+    from comlrl_core.models.cpu.allocator import loaded_allocator
+
+    if loaded_allocator() != case["allocator"]:  # a preload that did not take would mislabel the row
+        raise RuntimeError(f"case asked for {case['allocator']} but {loaded_allocator()} serves the process")
     return {
         **case,
+        "last_pass_seconds": last_pass if case["kind"] == "update" else None,
         "team_gib": team_gib,
         "peak_above_team_gib": _status_gib("VmHWM") - team_gib if reset else None,
         "peak_gib": _status_gib("VmHWM"),
@@ -165,13 +190,16 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     """The command-line options of ``args`` again, for a child."""
     out = ["--model", args.model, "--rows", str(args.rows), "--num-samples", str(args.num_samples)]
     out += ["--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens)]
-    out += ["--update-seq", str(args.update_seq)]
+    out += ["--update-seq", str(args.update_seq), "--update-repeats", str(args.update_repeats)]
     return out
 
 
 def run_case(args: argparse.Namespace, case: dict) -> dict:
+    from comlrl_core.models.cpu.allocator import preload_env
+
     cmd = [sys.executable, os.path.abspath(__file__), *_forwarded(args), "--child", json.dumps(case)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = preload_env(case["allocator"])
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"case {case} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -193,7 +221,10 @@ def _label(result: dict, args: argparse.Namespace) -> str:
         chunks = result["prefill_budget"]
         return f"sampling {shape}, prefill {'unchunked' if chunks is None else f'chunks of {chunks} tokens'}"
     checkpointing = "on" if result["gradient_checkpointing"] else "off"
-    return f"update {result['tokens']} tokens, gradient checkpointing {checkpointing}"
+    return (
+        f"update {result['tokens']} tokens x {args.update_repeats} passes, gradient checkpointing {checkpointing}, "
+        f"last pass {result['last_pass_seconds']:.1f} s"
+    )
 
 
 def _gib(value: float | None) -> str:
@@ -207,15 +238,15 @@ def main(argv: Sequence[str] | None = None, log: Callable[[str], None] = print) 
         return []
     log(f"CPU: {cpu_model()}")
     log(f"model: {MODELS.get(args.model, args.model)}, two LoRA adapters on one shared base; one case per process")
-    log("| case | team GiB | peak above team GiB | peak GiB | seconds (load-dependent) |")
-    log("|---|---|---|---|---|")
+    log("| allocator | case | team GiB | peak above team GiB | peak GiB | seconds (load-dependent) |")
+    log("|---|---|---|---|---|---|")
     results = []
     for case in cases(args):
         result = run_case(args, case)
         results.append(result)
         log(
-            f"| {_label(result, args)} | {result['team_gib']:.2f} | {_gib(result['peak_above_team_gib'])} "
-            f"| {result['peak_gib']:.2f} | {result['seconds']:.1f} |"
+            f"| {result['allocator']} | {_label(result, args)} | {result['team_gib']:.2f} "
+            f"| {_gib(result['peak_above_team_gib'])} | {result['peak_gib']:.2f} | {result['seconds']:.1f} |"
         )
     return results
 

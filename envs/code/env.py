@@ -35,7 +35,7 @@ Arguments (besides the base ones: ``num_turns``, ``early_termination_threshold``
 ``formatters``, ``task_slice``, ``render_mode``)
     ``dataset`` ("easy" | "humaneval" | "coophumaneval" | "mbpp" | a file path; "easy" is
     the package's 72 short aux + main problems, read offline, with the fixed split
-    ``task_slice="0:48"`` train and ``"48:"`` held out), ``data_path`` (local
+    ``task_slice="0:36"`` train and ``"36:"`` held out), ``data_path`` (local
     JSON / JSONL file), ``dataset_id`` / ``dataset_config`` / ``split`` (hub, through
     ``datasets``), ``tasks`` (records given directly); ``agents`` ("team" | "single") or
     ``num_agents`` (2 | 1); ``aux_name`` ("aux"); ``reward_weights`` (``RewardWeights`` or

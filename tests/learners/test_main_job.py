@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from comlrl_core.cli import main as cli_main
+from comlrl_core.models.cpu.allocator import loaded_allocator
 from comlrl_core.run.metrics import read_metrics
 
 
@@ -46,6 +47,8 @@ def test_main_job_writes_the_run_folder(tmp_path):
     # wall time and peak memory, with the CPU they were measured on (issue #15's RSS figure)
     assert 0.1 < evals["peak_rss_gib"] < 64 and evals["seconds"] > 0 and evals["cpu"]
     assert f"peak RSS {evals['peak_rss_gib']:.2f} GiB" in table and evals["cpu"] in table
+    # ... and the C allocator that served the process (it moves the peak by about 1 GiB)
+    assert evals["allocator"] == loaded_allocator() and f"({evals['allocator']} malloc)" in table
     # the table's "after" column is what `comlrl eval --checkpoint` gives for the run folder
     replay = tmp_path / "replay.json"
     assert cli_main(["eval", "--checkpoint", str(out), "--out", str(replay)]) == 0
@@ -59,6 +62,17 @@ def test_main_job_writes_the_run_folder(tmp_path):
     cells = [line.split("|") for line in table.splitlines() if line.startswith("| eval/")]
     after_column = {cell[1].strip(): cell[3].strip() for cell in cells}
     assert after_column and all(after_column[k] == f"{evals['after'][k]:.4f}" for k in after_column)
+
+
+def test_the_default_job_trains_and_evaluates_on_the_easy_sets_split():
+    from envs.code.tasks import EASY_HELD_OUT_SLICE, EASY_TRAIN_SLICE
+    from learners.main_job import MainJobConfig
+
+    cfg = MainJobConfig()
+    assert cfg.env_kwargs["dataset"] == "easy"
+    assert (cfg.magrpo.train_task_slice, cfg.eval_task_slice) == (EASY_TRAIN_SLICE, EASY_HELD_OUT_SLICE)
+    # every held-out problem, twice: 72 episodes before and after
+    assert (cfg.eval_num_tasks, cfg.eval_n_samples) == (36, 2)
 
 
 def test_main_job_rejects_a_bad_option(capsys):

@@ -23,7 +23,7 @@ def test_easy_set_loads_offline_with_its_fixed_split():
     assert len({t["entry_point"] for t in tasks}) == 72  # 72 different problems
     train = CoopCodeEnv(dataset="easy", task_slice=EASY_TRAIN_SLICE, sandbox_backend="process")
     held_out = CoopCodeEnv(dataset="easy", task_slice=EASY_HELD_OUT_SLICE, sandbox_backend="process")
-    assert (train.num_tasks, held_out.num_tasks) == (48, 24)
+    assert (train.num_tasks, held_out.num_tasks) == (36, 36)
     train.close()
     held_out.close()
 
