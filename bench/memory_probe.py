@@ -86,13 +86,25 @@ def cases(args: argparse.Namespace) -> list[dict]:
     for allocator in args.allocators:
         if "sample" in args.cases:
             for budget in (None, *args.prefill_budget):
-                out.append({"kind": "sample", "prefill_budget": budget, "gradient_checkpointing": False})
+                out.append(
+                    {
+                        "kind": "sample",
+                        "prefill_budget": budget,
+                        "gradient_checkpointing": False,
+                        "allocator": allocator,
+                    }
+                )
         if "update" in args.cases:
             for tokens in args.update_tokens:
                 for checkpointing in (False, True):
-                    out.append({"kind": "update", "tokens": tokens, "gradient_checkpointing": checkpointing})
-        for case in out:
-            case.setdefault("allocator", allocator)
+                    out.append(
+                        {
+                            "kind": "update",
+                            "tokens": tokens,
+                            "gradient_checkpointing": checkpointing,
+                            "allocator": allocator,
+                        }
+                    )
     return out
 
 
@@ -174,8 +186,9 @@ def child(args: argparse.Namespace, case: dict) -> dict:
             last_pass = time.perf_counter() - pass_start
     from comlrl_core.models.cpu.allocator import loaded_allocator
 
-    if loaded_allocator() != case["allocator"]:  # a preload that did not take would mislabel the row
-        raise RuntimeError(f"case asked for {case['allocator']} but {loaded_allocator()} serves the process")
+    serving = loaded_allocator()
+    if serving != case["allocator"]:  # a preload that did not take would mislabel the row
+        raise RuntimeError(f"case asked for {case['allocator']} but {serving} serves the process")
     return {
         **case,
         "last_pass_seconds": last_pass if case["kind"] == "update" else None,

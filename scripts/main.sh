@@ -9,9 +9,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 allocator=${COMLRL_ALLOCATOR:-tcmalloc}
 if [ "$allocator" != "glibc" ]; then
-  if library=$(.venv/bin/python -m comlrl_core.models.cpu.allocator --library "$allocator"); then
-    export LD_PRELOAD="$library${LD_PRELOAD:+:$LD_PRELOAD}"
-    export TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=${TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD:-1099511627776}
+  if exports=$(.venv/bin/python -m comlrl_core.models.cpu.allocator --exports "$allocator"); then
+    eval "$exports"  # LD_PRELOAD (and tcmalloc's quiet large-allocation report), from preload_env
   else
     echo "[main] $allocator not found: running on glibc's malloc (higher peak memory)" >&2
   fi

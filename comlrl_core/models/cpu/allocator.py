@@ -14,8 +14,9 @@ threshold instead (``MALLOC_MMAP_THRESHOLD_=131072``) removes the drift but make
 
 An allocator is chosen when a process starts (``LD_PRELOAD``); nothing here changes the
 running process. :func:`preload_env` gives the environment for a child process, and
-``python -m comlrl_core.models.cpu.allocator --library tcmalloc`` prints the library to
-preload (what ``scripts/main.sh`` does; ``COMLRL_ALLOCATOR=glibc`` keeps glibc's).
+``python -m comlrl_core.models.cpu.allocator --exports tcmalloc`` prints the shell exports
+that do the same (what ``scripts/main.sh`` evaluates; ``COMLRL_ALLOCATOR=glibc`` keeps
+glibc's), ``--library tcmalloc`` the library alone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ctypes.util
 import os
+import shlex
 import sys
 from typing import Mapping, Sequence
 
@@ -62,16 +64,17 @@ def loaded_allocator(maps_text: str | None = None) -> str:
                 maps_text = maps.read()
         except OSError:
             return "unknown"
-    libraries = {line.rsplit("/", 1)[-1] for line in maps_text.splitlines() if "/" in line}
-    for name in LIBRARIES:
-        if any(lib.startswith(f"lib{name}") for lib in libraries):
-            return name
-    return "glibc"
+    found = {_allocator_of(line) for line in maps_text.splitlines() if "/" in line}
+    return next((name for name in LIBRARIES if name in found), "glibc")
 
 
-def _is_allocator_library(path: str) -> bool:
+def _allocator_of(path: str) -> str | None:
+    """The allocator whose library ``path`` is (``/usr/lib/libtcmalloc_minimal.so.4`` -> tcmalloc), or None."""
     filename = path.rsplit("/", 1)[-1]
-    return any(filename.startswith(f"lib{candidate}.") for names in LIBRARIES.values() for candidate in names)
+    for name, candidates in LIBRARIES.items():
+        if any(filename.startswith(f"lib{candidate}.") for candidate in candidates):
+            return name
+    return None
 
 
 def preload_env(name: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -80,7 +83,7 @@ def preload_env(name: str, env: Mapping[str, str] | None = None) -> dict[str, st
     only removed). Raises FileNotFoundError with the package to install when the library is
     not on this machine."""
     out = dict(os.environ if env is None else env)
-    kept = [p for p in out.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and not _is_allocator_library(p)]
+    kept = [p for p in out.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and _allocator_of(p) is None]
     if kept:
         out["LD_PRELOAD"] = ":".join(kept)
     else:
@@ -101,14 +104,21 @@ def preload_env(name: str, env: Mapping[str, str] | None = None) -> dict[str, st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print the library that LD_PRELOAD needs for an allocator.")
-    parser.add_argument("--library", required=True, choices=sorted(LIBRARIES), help="allocator name")
+    parser = argparse.ArgumentParser(description="Show how to start a process on another C allocator.")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--library", choices=sorted(LIBRARIES), help="print the library LD_PRELOAD needs")
+    what.add_argument("--exports", choices=sorted(LIBRARIES), help="print the shell exports that start a process on it")
     args = parser.parse_args(argv)
-    library = find_library(args.library)
-    if library is None:
-        print(f"no {args.library} library found (apt-get install {PACKAGES[args.library]})", file=sys.stderr)
+    name = args.library or args.exports
+    if find_library(name) is None:
+        print(f"no {name} library found (apt-get install {PACKAGES[name]})", file=sys.stderr)
         return 1
-    print(library)
+    if args.library:
+        print(find_library(name))
+        return 0
+    env = preload_env(name)
+    for key in sorted(key for key in env if env[key] != os.environ.get(key)):
+        print(f"export {key}={shlex.quote(env[key])}")
     return 0
 
 

@@ -68,3 +68,24 @@ def test_a_missing_library_names_the_package_to_install(monkeypatch, capsys):
 def test_an_unknown_allocator_is_refused_with_the_choices():
     with pytest.raises(ValueError, match=r"unknown allocator 'mimalloc': choose one of \['jemalloc', 'tcmalloc'\]"):
         find_library("mimalloc")
+
+
+def test_the_shell_exports_start_a_process_on_the_allocator(monkeypatch, capsys):
+    # scripts/main.sh evaluates these lines: they must carry exactly preload_env's changes
+    monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: f"lib{name}.so.9")
+    monkeypatch.setenv("LD_PRELOAD", "/opt/lib other.so")
+    monkeypatch.delenv("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", raising=False)
+    assert allocator.main(["--exports", "tcmalloc"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "export LD_PRELOAD=libtcmalloc_minimal.so.9:/opt/lib:other.so",  # LD_PRELOAD splits at spaces too
+        f"export TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD={1 << 40}",
+    ]
+
+
+def test_a_child_of_the_shell_exports_runs_on_tcmalloc():
+    if find_library("tcmalloc") is None:
+        pytest.skip("no tcmalloc on this machine")
+    script = 'eval "$(' + f"{sys.executable} -m comlrl_core.models.cpu.allocator --exports tcmalloc" + ')"; '
+    script += f"exec {sys.executable} -c '{_REPORT}'"
+    done = subprocess.run(["bash", "-c", script], env=preload_env("glibc"), capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "tcmalloc"
