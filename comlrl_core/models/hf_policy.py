@@ -371,7 +371,7 @@ class TransformersPolicy(Policy):
             # bf16 once (autocast's cast cache), not once per token; on CPU the linear
             # weights are packed once for the GEMM library, not once per token
             mixed = sliced_adapter_batches(self.model) if row_adapters is not None else contextlib.nullcontext()
-            with self.compute_context(), prepacked_linears(self.model, rows=widest_call), mixed:
+            with self.compute_context(), prepacked_linears(self.model, widest_call, cfg.max_new_tokens), mixed:
                 for call in calls:
                     if row_adapters is not None:  # each adapter's rows contiguous: they run on row slices
                         call = sorted(call, key=lambda p: row_adapters[p])

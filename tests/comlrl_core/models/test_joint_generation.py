@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from comlrl_core.models.active_rows import ActiveRows
-from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.joint_generation import GenerationRequest, generate_together
 from comlrl_core.models.sampling import FORWARD_COUNTER, prompt_groups_within_budget
-from comlrl_core.models.team import Team
 from comlrl_core.policy import GenerationConfig
-
-
-@pytest.fixture(scope="module")
-def lora_team():
-    torch.manual_seed(0)
-    team = Team.from_specs([AgentSpec(model="tiny-random", lora=True), AgentSpec(model="tiny-random", lora=True)])
-    for policy in team:  # fresh adapters are zero: make the agents differ
-        for name, weight in policy.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(weight, std=0.5)
-    return team
-
 
 CFG = GenerationConfig(max_new_tokens=10, temperature=1.0, top_k=20)
 

@@ -128,10 +128,15 @@ def test_madpo_raises_the_win_rate_on_writing(tmp_path):
     initial = copy.deepcopy(trainer.policies)
 
     def fresh_rewards(policies):
-        tasks = reset_tasks(trainer.env, range(8), trainer.agent_names, [1] * 8)
-        sample_candidates(tasks, policies, 8, trainer.generation_config(), [555, 556])
-        score_tasks(trainer.task_oracle, tasks)
-        return [r for t in tasks for r in t.scored_rewards()]
+        # 4 draws of 8 candidates per task (seed pairs fixed): enough samples that the
+        # comparison is about the training, not about one random stream
+        rewards = []
+        for seeds in ([555, 556], [557, 558], [559, 560], [561, 562]):
+            tasks = reset_tasks(trainer.env, range(8), trainer.agent_names, [1] * 8)
+            sample_candidates(tasks, policies, 8, trainer.generation_config(), seeds)
+            score_tasks(trainer.task_oracle, tasks)
+            rewards += [r for t in tasks for r in t.scored_rewards()]
+        return rewards
 
     before = fresh_rewards(initial)
     trainer.train()

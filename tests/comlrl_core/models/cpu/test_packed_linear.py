@@ -22,6 +22,9 @@ def pack_every_fp32_layer(monkeypatch):
     """The tiny model's weights are all below the fp32 size rule: these tests exercise the
     packed path itself, so every layer packs (the rule has its own test)."""
     monkeypatch.setattr(packed_linear, "FP32_MIN_WEIGHT_ELEMENTS", packed_linear._MIN_WEIGHT_ELEMENTS)
+    # and the tests' short calls pack too (the call-size rule has its own test)
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ROWS", 1)
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ROW_TOKENS", 1)
 
 
 def _policy(mixed: str = "no") -> TransformersPolicy:
@@ -229,3 +232,21 @@ def test_the_probes_agree_inside_and_outside_autocast(mixed, fresh_probes):
     packed_linear.unavailable_reason.cache_clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert _available(mixed) == outside
+
+
+def test_short_or_narrow_calls_keep_the_plain_layers(monkeypatch):
+    """Packing costs a pass over the weights once per call: a call of one row, or of too few
+    tokens in all, decodes on the plain layers; a call where it pays packs."""
+    if not _available("no"):
+        pytest.skip("MKL packing not in this torch build")
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ROWS", 4)
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ROW_TOKENS", 1024)
+    assert not packed_linear.packing_pays(1, 100_000)
+    assert not packed_linear.packing_pays(16, 63)
+    assert packed_linear.packing_pays(16, 64) and packed_linear.packing_pays(4, 256)
+    policy = _policy()
+    layer = next(m for m in policy.model.modules() if isinstance(m, torch.nn.Linear))
+    with packed_linear.prepacked_linears(policy.model, 1, 4096) as active:
+        assert not active and "forward" not in layer.__dict__
+    with packed_linear.prepacked_linears(policy.model, 16, 64) as active:
+        assert active and "forward" in layer.__dict__
