@@ -18,7 +18,6 @@ from comlrl_core._moved import _MovedModuleFinder
 from comlrl_core.episodes.evaluation import TaskResult
 from comlrl_core.episodes.intervals import DiffInterval
 from comlrl_core.models.cpu.allocator import preload_env
-from comlrl_core.models.lean_decode import unsupported_reason
 from comlrl_core.models.model_source import known_aliases
 from comlrl_core.models.team import Team
 from comlrl_core.policy import Policy
@@ -105,5 +104,3 @@ build_tree
 # Public: the environment that starts a child process on tcmalloc / jemalloc (bench/memory_probe.py
 # and users' launchers; bench/ is not scanned).
 preload_env
-# Public: why a model decodes through its own forward (users and tests ask; logged at DEBUG).
-unsupported_reason

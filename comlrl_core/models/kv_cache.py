@@ -99,6 +99,19 @@ def _preallocated_layer_type():
             self.keys = self._key_buffer[..., : self._filled, :]
             self.values = self._value_buffer[..., : self._filled, :]
 
+        def room(self) -> int:
+            """Tokens the reservation still holds (0 once grown past it by concatenation)."""
+            keys = self.keys
+            if keys is None or keys.data_ptr() != self._key_buffer.data_ptr():
+                return 0
+            return self._key_buffer.shape[-2] - self._filled
+
+        def drop_newest(self) -> None:
+            """Forget the newest token (a step that is about to be recomputed)."""
+            self._filled -= 1
+            self.keys = self._key_buffer[..., : self._filled, :]
+            self.values = self._value_buffer[..., : self._filled, :]
+
         def update(self, key_states, value_states, *args, **kwargs):
             new = key_states.shape[-2]
             end = self._filled + new

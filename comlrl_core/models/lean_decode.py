@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comlrl_core.models.mixed_adapters import adapter_runs
+from comlrl_core.models.mixed_adapters import adapter_runs, is_vanilla_lora_linear
 
 logger = logging.getLogger(__name__)
 
@@ -43,29 +43,19 @@ _ATTRIBUTE = "_comlrl_lean_decoder"  # per model instance: the decoder, or the r
 PROBE_TOLERANCE = 1e-3
 
 
-def _lora_layer_type() -> type | None:
-    try:
-        from peft.tuners.lora.layer import Linear as LoraLinear
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return None
-    return LoraLinear
-
-
-def _unsupported_linear(module: Any, lora_type: type | None) -> str | None:
+def _unsupported_linear(module: Any) -> str | None:
     """None when the lean step can compute ``module`` itself (a plain linear, or a vanilla
-    unmerged LoRA linear over one), else why not."""
+    LoRA linear over one), else why not."""
     if type(module) is nn.Linear:
         return None
-    if lora_type is not None and type(module) is lora_type:
-        if getattr(module, "lora_variant", {}) or getattr(module, "merged", False):
-            return "a LoRA layer with an adapter variant or merged weights"
-        if getattr(module, "fan_in_fan_out", False) or getattr(module, "lora_magnitude_vector", None):
-            return "a LoRA layer with fan_in_fan_out or DoRA"
-        base_layer = getattr(module, "base_layer", None)
-        if type(base_layer) is not nn.Linear:
-            return f"a LoRA layer over {type(base_layer).__name__}"
-        return None
-    return f"a {type(module).__name__} layer"
+    if not is_vanilla_lora_linear(module):
+        return f"a {type(module).__name__} layer (not a plain or vanilla LoRA linear)"
+    if getattr(module, "lora_magnitude_vector", None):
+        return "a LoRA layer with DoRA"
+    base_layer = getattr(module, "base_layer", None)
+    if type(base_layer) is not nn.Linear:
+        return f"a LoRA layer over {type(base_layer).__name__}"
+    return None
 
 
 def _check_model(model: nn.Module) -> tuple[Any, str | None]:
@@ -82,18 +72,17 @@ def _check_model(model: nn.Module) -> tuple[Any, str | None]:
     inner = base.model
     if type(inner.embed_tokens) is not nn.Embedding:
         return base, f"input embeddings are a {type(inner.embed_tokens).__name__}"
-    lora_type = _lora_layer_type()
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
         names = {"q_proj": attn.q_proj, "k_proj": attn.k_proj, "v_proj": attn.v_proj, "o_proj": attn.o_proj}
         names.update(gate_proj=mlp.gate_proj, up_proj=mlp.up_proj, down_proj=mlp.down_proj)
         for name, module in names.items():
-            reason = _unsupported_linear(module, lora_type)
+            reason = _unsupported_linear(module)
             if reason is not None:
                 return base, f"{name} is {reason}"
             if module._forward_hooks or module._forward_pre_hooks or "_hf_hook" in module.__dict__:
                 return base, f"{name} carries hooks"
-    reason = _unsupported_linear(base.get_output_embeddings(), lora_type)
+    reason = _unsupported_linear(base.get_output_embeddings())
     if reason is not None:
         return base, f"the output layer is {reason}"
     return base, None
@@ -103,7 +92,6 @@ class LeanDecoder:
     """The decoding step of one ``LlamaForCausalLM`` (see the module docstring)."""
 
     def __init__(self, base: Any) -> None:
-        self.base = base
         self.inner: Any = base.model
         self.layers: list[Any] = list(self.inner.layers)
         self.head: Any = base.get_output_embeddings()
@@ -148,13 +136,7 @@ class LeanDecoder:
         cache_layers = getattr(cache, "layers", None)
         if not isinstance(cache_layers, list) or len(cache_layers) != layers:
             return False
-        for layer in cache_layers:
-            buffer = getattr(layer, "_key_buffer", None)
-            if buffer is None or layer.keys is None or layer.keys.data_ptr() != buffer.data_ptr():
-                return False
-            if layer._filled >= buffer.shape[-2]:
-                return False
-        return True
+        return all(hasattr(layer, "room") and layer.room() > 0 for layer in cache_layers)
 
     def step(
         self,
@@ -177,7 +159,7 @@ class LeanDecoder:
         # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: one roll instead of slices and a cat
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         first = cache.layers[0]
-        kv_heads, length = first.keys.shape[1], first._filled + 1
+        kv_heads, length = first.keys.shape[1], first.keys.shape[-2] + 1
         # additive mask per (row, key/value head): [B * Hkv, 1, L], -inf at left padding
         bias = torch.zeros(mask.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(mask == 0, float("-inf"))
         bias = bias[:, None, None, :].expand(batch, kv_heads, 1, length).reshape(batch * kv_heads, 1, length)
@@ -190,7 +172,7 @@ class LeanDecoder:
             v = self._linear(attn.v_proj, normed, runs).view(batch, -1, head_dim)
             q = torch.addcmul(q * cos, q.roll(half, dims=-1), signed_sin)
             k = torch.addcmul(k * cos, k.roll(half, dims=-1), signed_sin)
-            keys, values = _append(cache_layer, k, v)  # [B, Hkv, L, D]
+            keys, values = cache_layer.update(k[:, :, None], v[:, :, None])  # written in place: [B, Hkv, L, D]
             # query head h reads key/value head h // groups: [B * Hkv, groups, D]
             grouped = q.view(batch * kv_heads, -1, head_dim)
             keys = keys.reshape(batch * kv_heads, length, head_dim)  # views of the cache buffer
@@ -222,25 +204,6 @@ def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     x32 = x if dtype == torch.float32 else x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * (x32 if dtype == torch.float32 else x32.to(dtype))
-
-
-def _append(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write one token's keys/values ``[B, Hkv, D]`` into a preallocated cache layer."""
-    at = layer._filled
-    layer._key_buffer[:, :, at, :] = keys
-    layer._value_buffer[:, :, at, :] = values
-    layer._filled = at + 1
-    layer.keys = layer._key_buffer[..., : at + 1, :]
-    layer.values = layer._value_buffer[..., : at + 1, :]
-    return layer.keys, layer.values
-
-
-def _rewind(cache: Any) -> None:
-    """Forget the newest token of every cache layer (the probe's second pass rewrites it)."""
-    for layer in cache.layers:
-        layer._filled -= 1
-        layer.keys = layer._key_buffer[..., : layer._filled, :]
-        layer.values = layer._value_buffer[..., : layer._filled, :]
 
 
 def lean_decoder(model: nn.Module) -> LeanDecoder | None:
@@ -291,7 +254,8 @@ def probe_step(
     if lean is None:
         return None
     cache = step_args[3]
-    _rewind(cache)
+    for layer in cache.layers:
+        layer.drop_newest()  # the reference recomputes the same token from the same cache
     reference = reference_forward(cache)
     scale = reference.abs().max().clamp(min=1.0)
     gap = float((lean - reference).abs().max() / scale)

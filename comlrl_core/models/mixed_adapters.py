@@ -17,6 +17,7 @@ Public API::
 
     with sliced_adapter_batches(model): model(..., adapter_names=[...])
     adapter_runs(names) -> [(name, start, stop), ...] consecutive runs of equal names
+    is_vanilla_lora_linear(module) -> whether a layer is a plain peft LoRA linear
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-__all__ = ["adapter_runs", "sliced_adapter_batches"]
+__all__ = ["adapter_runs", "is_vanilla_lora_linear", "sliced_adapter_batches"]
 
 
 def _variant_kwargs() -> tuple[str, ...]:
@@ -83,19 +84,24 @@ class _SlicedMixedForward:
         return result
 
 
-def _sliceable(module: nn.Module) -> bool:
-    """A peft LoRA linear layer with vanilla adapters only (no variants, not merged)."""
+def is_vanilla_lora_linear(module: nn.Module) -> bool:
+    """A peft LoRA linear layer with vanilla adapters only (no variants, not merged, no
+    fan-in/fan-out weights): its output is ``base_layer(x) + B(A(x)) * scaling``."""
     try:
         from peft.tuners.lora.layer import Linear as LoraLinear
     except ImportError:  # pragma: no cover - peft is a dependency
         return False
     return (
         type(module) is LoraLinear
-        and "_mixed_batch_forward" not in module.__dict__
         and not getattr(module, "lora_variant", {})
         and not getattr(module, "merged", False)
         and not getattr(module, "fan_in_fan_out", False)
     )
+
+
+def _sliceable(module: nn.Module) -> bool:
+    """A vanilla LoRA linear layer not already switched to row slices."""
+    return is_vanilla_lora_linear(module) and "_mixed_batch_forward" not in module.__dict__
 
 
 @contextlib.contextmanager

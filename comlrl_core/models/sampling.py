@@ -41,7 +41,7 @@ from comlrl_core.models.kv_cache import (
     repeat_cache_rows,
     reserve_cache,
 )
-from comlrl_core.models.lean_decode import lean_decoder, probe_step
+from comlrl_core.models.lean_decode import lean_decoder, probe_step, unsupported_reason
 from comlrl_core.models.stop_watch import StopWatch
 from comlrl_core.models.tokens import plan_chunks
 
@@ -368,7 +368,8 @@ def sample_tokens(
                 else:  # first lean step of this model: compared with the model's own
                     reference = functools.partial(_forward_logits, model, step_inputs, cache_name)
                     logits = probe_step(decoder, model, reference, step_ids, mask, step_positions, cache, names)
-                    decoder = lean_decoder(model)  # None from now on if the probe switched it off
+                    if unsupported_reason(model) is not None:  # the probe switched it off
+                        decoder = None
             if logits is None:
                 cache, logits = _forward_step(model, step_inputs, cache_name, cache)
             FORWARD_COUNTER.add(step_ids.shape[0])
