@@ -1,10 +1,11 @@
-"""Heap tuning (``retain_freed_memory``) on and off: MAGRPO step time and memory side by side.
+"""Heap tuning (``retain_freed_memory``) off and on: MAGRPO step time and memory side by side.
 
-Each configuration runs bench/magrpo_step.py's worker in a fresh process (the allocator
-setting is process-wide and one-way), once with glibc's defaults and once with
-:func:`comlrl_core.models.cpu.heap.retain_freed_memory` applied first. Printed per model:
-mean step time after the warm-up step, peak RSS, and the RSS left once training is over
-(what a longer-lived host process keeps).
+Each configuration runs bench/magrpo_step.py's worker in a fresh process, once with
+``retain_freed_memory: false`` (glibc's defaults throughout) and once with the default
+``true`` (freed memory kept in the heap while ``train()`` runs, handed back when it
+returns: :func:`comlrl_core.models.cpu.heap.retained_heap`). Printed per model: mean step
+time after the warm-up step, peak RSS, and the RSS left once training is over (what a
+longer-lived host process, a notebook, keeps).
 
     .venv/bin/python bench/heap_tuning.py                          # tiny and SmolLM2, full fine-tuning
     .venv/bin/python bench/heap_tuning.py --models tiny --steps 4
@@ -27,13 +28,9 @@ def worker(spec: dict) -> dict:
     sys.path.insert(0, HERE)
     import magrpo_step
 
-    from comlrl_core.models.cpu.heap import retain_freed_memory
-
-    applied = retain_freed_memory() if spec["heap"] == "retained" else False
-    result = magrpo_step.worker(spec)
+    result = magrpo_step.worker(dict(spec, retain_freed_memory=spec["heap"] == "retained"))
     with open("/proc/self/statm") as f:
         result["rss_after_gib"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
-    result["applied"] = applied
     return result
 
 
@@ -79,7 +76,7 @@ def main() -> int:
             threads=args.threads,
         )
         rows = {}
-        for heap in ("default", "retained"):
+        for heap in ("glibc", "retained"):
             result = magrpo_step.run_subprocess(
                 sys.executable, os.path.abspath(__file__), dict(base, heap=heap), args.timeout
             )
@@ -91,8 +88,8 @@ def main() -> int:
             rows[heap] = result
             print(f"{key:8s} {args.mode:5s} heap={heap:9s} {line}", flush=True)
         if all("step_mean_s" in r for r in rows.values()):
-            ratio = rows["default"]["step_mean_s"] / rows["retained"]["step_mean_s"]
-            print(f"{key:8s} {args.mode:5s} retained heap: {ratio:.2f}x the default's speed")
+            ratio = rows["glibc"]["step_mean_s"] / rows["retained"]["step_mean_s"]
+            print(f"{key:8s} {args.mode:5s} retained heap: {ratio:.2f}x the speed of glibc's defaults")
     return 1 if failed else 0
 
 

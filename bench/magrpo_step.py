@@ -68,6 +68,7 @@ def worker(spec: dict) -> dict:
         save_final_checkpoint=False,
         train_task_slice="0:20",
         env_kwargs={"sandbox_backend": spec["sandbox"]},
+        retain_freed_memory=spec.get("retain_freed_memory", True),  # the library's default
     )
     trainer = MAGRPOTrainer(config, team, spec["env"])
     trainer.train()

@@ -11,7 +11,7 @@ Public API::
     sample_tokens(model, input_ids, attention_mask, *, max_new_tokens, temperature=1.0,
                   top_p=1.0, top_k=0, eos_token_ids, pad_token_id, generator=None,
                   num_samples=1, row_adapters=None, prefill_token_budget=None,
-                  stop_watch=None, lean_step=True)
+                  stop_watch=None, lean_step=True, share_prefix=True)
         -> SampleOutput(tokens [B * num_samples, T], lengths [...], stopped_on_eos [...])
     repeat_cache_rows(cache, repeats) -> cache with every batch row repeated (or None)
     FORWARD_COUNTER.take() -> (forward passes, rows) sampled since the last take()
@@ -33,15 +33,9 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from comlrl_core.models.active_rows import ActiveRows
-from comlrl_core.models.kv_cache import (
-    _as_preallocated_shell,
-    _holds_tokens,
-    _preallocated_layer_type,
-    preallocated_cache_unavailable,
-    repeat_cache_rows,
-    reserve_cache,
-)
+from comlrl_core.models.kv_cache import repeat_cache_rows, reserve_cache
 from comlrl_core.models.lean_decode import lean_decoder, probe_step, unsupported_reason
+from comlrl_core.models.prefill import chunked_prefill, returned_cache
 from comlrl_core.models.stop_watch import StopWatch
 from comlrl_core.models.tokens import plan_chunks
 
@@ -173,86 +167,11 @@ def supports_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in _forward_params(model)
 
 
-def _returned_cache(outputs):
-    cache = getattr(outputs, "cache", None)
-    return cache if cache is not None else getattr(outputs, "past_key_values", None)
-
-
-def prefill_chunks(prompt_lengths: Sequence[int], budget: int | None) -> list[range]:
-    """Consecutive input-row ranges whose prefill holds at most ``budget`` padded tokens
-    (``rows * longest prompt of the chunk``; a lone prompt may exceed it)."""
-    return plan_chunks(prompt_lengths, 1, max(1, len(prompt_lengths)), budget)
-
-
-def _chunked_prefill(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    mask: torch.Tensor,
-    positions: torch.Tensor,
-    *,
-    budget: int,
-    num_samples: int,
-    extra_tokens: int,
-    row_adapters: Sequence[str] | None,
-    forward_kwargs: dict,
-):
-    """Prefill ``input_ids`` in row chunks of at most ``budget`` padded tokens, each chunk
-    cut to its own longest prompt, and write every chunk's keys/values straight into one
-    preallocated cache of ``rows * num_samples`` rows with room for ``extra_tokens``.
-
-    The prefill's activations (attention scores over the padded prompt, the MLP's
-    intermediates of every prompt token) then peak at one chunk's, and the cache is built
-    once at its final size: no full-width prefill cache, no fanned-out copy, no copy into
-    the reservation. Returns ``(cache, last logits [rows * num_samples, V])``, or None when
-    the model's cache is not made of plain dynamic layers (the caller prefills unchunked).
-    """
-    if preallocated_cache_unavailable() is not None:
-        return None
-    dynamic, _ = _preallocated_layer_type()
-    lengths = mask.sum(dim=-1).tolist()
-    width = input_ids.shape[1]
-    cache = None
-    logits: list[torch.Tensor] = []
-    for chunk in prefill_chunks(lengths, budget):
-        rows = slice(chunk.start, chunk.stop)
-        cols = slice(width - max(1, *lengths[rows]), width)  # the chunk's left padding beyond its longest prompt
-        adapters = {"adapter_names": list(row_adapters[rows])} if row_adapters is not None else {}
-        outputs = model(
-            input_ids=input_ids[rows, cols],
-            attention_mask=mask[rows, cols],
-            position_ids=positions[rows, cols],
-            use_cache=True,
-            **forward_kwargs,
-            **adapters,
-        )
-        FORWARD_COUNTER.add(len(chunk))
-        chunk_cache = _returned_cache(outputs)
-        logits.append(outputs.logits[:, -1, :].float())
-        del outputs
-        layers = getattr(chunk_cache, "layers", None)
-        if not layers or not isinstance(layers, list):
-            return None
-        if cache is None:  # first chunk: the layout check and the final-size cache
-            if not all(type(layer) is dynamic and _holds_tokens(layer) for layer in layers):
-                return None
-            chunk_layers = list(layers)
-            layers[:] = [_as_preallocated_shell(layer) for layer in chunk_layers]
-            for layer in layers:
-                layer.allocate(input_ids.shape[0] * num_samples, width, extra_tokens)
-            cache = chunk_cache
-        else:
-            chunk_layers = layers
-        for layer, new in zip(cache.layers, chunk_layers, strict=True):
-            layer.write_prefill(chunk.start, chunk.stop, new.keys, new.values, num_samples)
-        del chunk_cache, chunk_layers, layers
-    return cache, torch.cat(logits).repeat_interleave(num_samples, dim=0)
-
-
 def _forward_step(model: torch.nn.Module, inputs: dict, cache_name: str, cache):
     """One pass of the model's own forward: (the cache it returns, last logits in fp32)."""
     outputs = model(**inputs, **{cache_name: cache})
     # the prefill's hidden states and logits are not kept through decoding
-    return _returned_cache(outputs), outputs.logits[:, -1, :].float()
+    return returned_cache(outputs), outputs.logits[:, -1, :].float()
 
 
 def _forward_logits(model: torch.nn.Module, inputs: dict, cache_name: str, cache) -> torch.Tensor:
@@ -277,6 +196,7 @@ def sample_tokens(
     prefill_token_budget: int | None = None,
     stop_watch: StopWatch | None = None,
     lean_step: bool = True,
+    share_prefix: bool = True,
 ) -> SampleOutput:
     """Sample up to ``max_new_tokens`` for every row of a left-padded batch at once.
 
@@ -295,8 +215,10 @@ def sample_tokens(
     share a base sample together, reading the base weights once per step.
 
     ``prefill_token_budget`` prefills the prompts in row chunks of at most that many padded
-    tokens, written into the decoding cache as they come (see :func:`_chunked_prefill`):
-    the same tokens at a lower memory peak. None: one prefill pass for the whole batch.
+    tokens, written into the decoding cache as they come, and (``share_prefix``) the
+    common beginning of a run of prompts encoded once (see :mod:`comlrl_core.models.prefill`):
+    the same prompt at a lower memory peak and fewer prompt tokens. None: one prefill
+    pass for the whole batch.
 
     Finished rows leave the batch: with one generator per row, the rows that have hit EOS
     (or a stop string of ``stop_watch``, see :mod:`comlrl_core.models.stop_watch`) are
@@ -334,7 +256,7 @@ def sample_tokens(
     prefilled = None
     decoder = lean_decoder(model) if lean_step else None  # once per call: it walks the modules for hooks
     if prefill_token_budget is not None:
-        prefilled = _chunked_prefill(
+        prefilled = chunked_prefill(
             model,
             input_ids,
             mask,
@@ -344,10 +266,13 @@ def sample_tokens(
             extra_tokens=max_new_tokens - 1,
             row_adapters=row_adapters,
             forward_kwargs={cache_name: None, **keep_last},
+            cache_name=cache_name,
+            count=FORWARD_COUNTER.add,
+            share_prefix=share_prefix,
         )
     for step in range(max_new_tokens):
         if step == 0 and prefilled is not None:  # prefilled chunk by chunk: cache fanned out and reserved
-            cache, logits = prefilled
+            cache, logits, mask = prefilled  # mask: the tokens the cache holds (see prefill)
             if num_samples > 1:
                 mask = mask.repeat_interleave(num_samples, dim=0)
                 step_positions = step_positions.repeat_interleave(num_samples, dim=0)
@@ -390,7 +315,7 @@ def sample_tokens(
                     **adapters,
                 )
                 FORWARD_COUNTER.add(batch)
-                cache = _returned_cache(outputs)
+                cache = returned_cache(outputs)
                 logits = outputs.logits[:, -1, :].float()
             else:
                 logits = logits.repeat_interleave(num_samples, dim=0)

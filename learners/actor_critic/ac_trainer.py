@@ -76,7 +76,7 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         self._check_run_setup()  # not data-parallel: refuses a multi-process launcher
         self.team = team
         self.policies = team_policies(team)
-        tune_host_memory(config, self.policies)
+        self.retain_heap = tune_host_memory(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = check_team_fits_env(self.policies, self.env)

@@ -184,10 +184,11 @@ class RunOptions(BaseConfig):
     train_task_slice: str | None = option(None, help="task_slice of the training env, e.g. ':-20'")
     eval_task_slice: str | None = option(None, help="task_slice of the evaluation env, e.g. '-20:'")
     retain_freed_memory: bool = option(
-        False,
-        help="CPU runs on glibc: keep freed memory in the process heap instead of returning it to the OS, "
-        "so large tensors do not page-fault again every step (faster updates; resident memory stays "
-        "near its peak until the process exits; process-wide, so opt-in: see docs/performance.md)",
+        True,
+        help="CPU runs on glibc: while train() runs, keep freed memory in the process heap instead of "
+        "returning it to the OS, so large tensors do not page-fault again every step (SmolLM2-135M full "
+        "fine-tuning: updates about 30% faster); on return the free memory is handed back (malloc_trim). "
+        "false: glibc's defaults throughout (see docs/performance.md)",
     )
 
     def validate(self) -> None:

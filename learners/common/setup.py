@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import functools
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from comlrl_core.models.cpu.heap import retain_freed_memory
+from comlrl_core.models.cpu.heap import retained_heap
 from comlrl_core.policy import Policy
 from comlrl_core.registry import make
 
@@ -54,9 +55,24 @@ def num_tasks(env: Any) -> int:
 
 
 def tune_host_memory(config: Any, policies: Sequence[Policy]) -> bool:
-    """With ``config.retain_freed_memory`` and a policy on the CPU, keep freed memory in
-    the process heap (see :mod:`comlrl_core.models.cpu.heap`); returns whether it is in effect."""
+    """Whether ``train()`` keeps freed memory in the process heap while it runs
+    (``config.retain_freed_memory`` and a policy on the CPU; see
+    :mod:`comlrl_core.models.cpu.heap`). Trainers store it as ``retain_heap``."""
     if not getattr(config, "retain_freed_memory", False):
         return False
-    on_cpu = any(torch.device(p.device).type == "cpu" for p in policies)  # device: str or torch.device
-    return on_cpu and retain_freed_memory()
+    return any(torch.device(p.device).type == "cpu" for p in policies)  # device: str or torch.device
+
+
+Train = TypeVar("Train", bound=Callable[..., Any])
+
+
+def heap_retained_while_running(train: Train) -> Train:
+    """Decorator for a trainer's ``train``: the heap keeps freed memory for the call's
+    duration when the trainer's ``retain_heap`` says so, and hands it back afterwards."""
+
+    @functools.wraps(train)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with retained_heap(bool(getattr(self, "retain_heap", False))):
+            return train(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]

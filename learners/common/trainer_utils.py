@@ -29,7 +29,7 @@ from learners.common.evaluation import trainer_evaluation
 from learners.common.nonfinite import NonFiniteGuard
 from learners.common.optim import LearningRateSchedule, drain_optimizer_stats
 from learners.common.seeding import derive_seed
-from learners.common.setup import num_tasks
+from learners.common.setup import heap_retained_while_running, num_tasks
 
 if TYPE_CHECKING:
     from comlrl_core.run.metrics import MetricsLogger
@@ -303,6 +303,7 @@ class TaskItemTraining:
     methods ``train_step``, ``evaluate``, ``save_checkpoint`` and ``_finish``.
     """
 
+    @heap_retained_while_running
     def train(self: _TaskItemHost, stop_after: int | None = None) -> dict[str, float]:
         """Train until ``total_steps`` (or pause after global step ``stop_after``).
 

@@ -86,7 +86,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         self.advantage_mode = self._resolve_advantage_mode(config.advantage_mode)
         self.team = team
         self.policies = team_policies(team)
-        tune_host_memory(config, self.policies)
+        self.retain_heap = tune_host_memory(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = check_team_fits_env(self.policies, self.env)

@@ -57,7 +57,7 @@ class PreferenceTrainerBase(TrainerCommon):
         self._check_run_setup()  # MARLHF is not data-parallel: it refuses a multi-process launcher
         self.team = team
         self.policies: list[Policy] = team_policies(team)
-        tune_host_memory(config, self.policies)
+        self.retain_heap = tune_host_memory(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = self._check_team()

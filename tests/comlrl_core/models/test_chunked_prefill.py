@@ -8,12 +8,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from comlrl_core.models import sampling
+from comlrl_core.models import prefill, sampling
 from comlrl_core.models.agent_spec import AgentSpec
-from comlrl_core.models.cpu.packed_linear import prepacked_linears
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.models.joint_generation import GenerationRequest, generate_together
-from comlrl_core.models.mixed_adapters import sliced_adapter_batches
 from comlrl_core.models.team import Team
 from comlrl_core.policy import GenerationConfig
 
@@ -50,28 +48,10 @@ class _PrefillSpy:
             self.shapes.append((ids.shape[0], ids.shape[1]))
 
 
-def _sample(policy, prompts, num_samples, budget, adapters=None, temperature=1.0):
-    input_ids, mask = policy._left_pad(prompts)
-    rows = len(prompts) * num_samples
-    generators = [torch.Generator().manual_seed(100 + r) for r in range(rows)]
+def _sample(sample_rows, policy, prompts, num_samples, budget, adapters=None, temperature=1.0):
     spy = _PrefillSpy(policy.model)
     try:
-        # as sample_encoded runs it: decoding steps through weights packed for the call's rows
-        with prepacked_linears(policy.model, rows=rows), sliced_adapter_batches(policy.model):
-            out = sampling.sample_tokens(
-                policy.model,
-                input_ids,
-                mask,
-                max_new_tokens=MAX_NEW,
-                temperature=temperature,
-                top_k=20,
-                eos_token_ids=policy.eos_token_ids,
-                pad_token_id=policy.pad_token_id,
-                generator=generators,
-                num_samples=num_samples,
-                row_adapters=adapters,
-                prefill_token_budget=budget,
-            )
+        out = sample_rows(policy, prompts, num_samples, budget, adapters, temperature, max_new=MAX_NEW)
     finally:
         spy.handle.remove()
     return out, spy.shapes
@@ -85,7 +65,7 @@ def _sample(policy, prompts, num_samples, budget, adapters=None, temperature=1.0
     mixed=st.booleans(),
     seed=st.integers(0, 1000),
 )
-def test_chunked_prefill_samples_the_same_tokens(lora_team, lengths, budget, num_samples, mixed, seed):
+def test_chunked_prefill_samples_the_same_tokens(lora_team, sample_rows, lengths, budget, num_samples, mixed, seed):
     policy = lora_team[0]
     policy.model.eval()
     prompts = _prompts(lengths, seed)
@@ -93,8 +73,8 @@ def test_chunked_prefill_samples_the_same_tokens(lora_team, lengths, budget, num
     adapters = sorted(["agent_0", "agent_1"][i % 2] for i in range(len(prompts))) if mixed else None
     if adapters is None:
         policy.activate()
-    whole, whole_shapes = _sample(policy, prompts, num_samples, None, adapters)
-    chunked, shapes = _sample(policy, prompts, num_samples, budget, adapters)
+    whole, whole_shapes = _sample(sample_rows, policy, prompts, num_samples, None, adapters)
+    chunked, shapes = _sample(sample_rows, policy, prompts, num_samples, budget, adapters)
     assert torch.equal(chunked.tokens, whole.tokens)
     assert torch.equal(chunked.lengths, whole.lengths)
     assert torch.equal(chunked.stopped_on_eos, whole.stopped_on_eos)
@@ -104,17 +84,17 @@ def test_chunked_prefill_samples_the_same_tokens(lora_team, lengths, budget, num
     assert all(rows * width <= budget or rows == 1 for rows, width in shapes)
 
 
-def test_a_tight_budget_prefills_row_chunks_of_their_own_width(lora_team):
+def test_a_tight_budget_prefills_row_chunks_of_their_own_width(lora_team, sample_rows):
     policy = lora_team[0]
     policy.activate()
     prompts = _prompts([3, 4, 20, 21], seed=1)
-    whole, _ = _sample(policy, prompts, 2, None)
-    chunked, shapes = _sample(policy, prompts, 2, budget=42)
+    whole, _ = _sample(sample_rows, policy, prompts, 2, None)
+    chunked, shapes = _sample(sample_rows, policy, prompts, 2, budget=42)
     assert shapes == [(2, 4), (2, 21)]
     assert torch.equal(chunked.tokens, whole.tokens)
 
 
-def test_the_cache_is_built_at_its_final_size_once(lora_team, monkeypatch):
+def test_the_cache_is_built_at_its_final_size_once(lora_team, sample_rows, monkeypatch):
     # no fan-out copy and no copy into the reservation: reserve_cache never runs
     policy = lora_team[0]
     policy.activate()
@@ -126,19 +106,19 @@ def test_the_cache_is_built_at_its_final_size_once(lora_team, monkeypatch):
         return real(cache, extra_tokens)
 
     monkeypatch.setattr(sampling, "reserve_cache", spy)
-    _sample(policy, _prompts([5, 9], seed=2), 3, budget=1000)
+    _sample(sample_rows, policy, _prompts([5, 9], seed=2), 3, budget=1000)
     assert calls == []
-    _sample(policy, _prompts([5, 9], seed=2), 3, budget=None)
+    _sample(sample_rows, policy, _prompts([5, 9], seed=2), 3, budget=None)
     assert calls == [MAX_NEW - 1]
 
 
-def test_without_the_preallocated_cache_the_prefill_is_one_pass(lora_team, monkeypatch):
+def test_without_the_preallocated_cache_the_prefill_is_one_pass(lora_team, sample_rows, monkeypatch):
     policy = lora_team[0]
     policy.activate()
     prompts = _prompts([4, 7, 12], seed=3)
-    expected, _ = _sample(policy, prompts, 2, None)
-    monkeypatch.setattr(sampling, "preallocated_cache_unavailable", lambda: "probe failed")
-    got, shapes = _sample(policy, prompts, 2, budget=8)
+    expected, _ = _sample(sample_rows, policy, prompts, 2, None)
+    monkeypatch.setattr(prefill, "preallocated_cache_unavailable", lambda: "probe failed")
+    got, shapes = _sample(sample_rows, policy, prompts, 2, budget=8)
     assert shapes == [(3, 12)]
     assert torch.equal(got.tokens, expected.tokens)
 

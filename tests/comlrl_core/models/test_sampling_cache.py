@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from comlrl_core.models import sampling
+from comlrl_core.models import kv_cache, sampling
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.policy import GenerationConfig
 
@@ -18,9 +18,9 @@ FALLBACK_LOG = "preallocated KV cache is off"
 
 @pytest.fixture
 def fresh_probe():
-    sampling.preallocated_cache_unavailable.cache_clear()
+    kv_cache.preallocated_cache_unavailable.cache_clear()
     yield
-    sampling.preallocated_cache_unavailable.cache_clear()
+    kv_cache.preallocated_cache_unavailable.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +53,19 @@ def _layer_types_after_reserve(policy, monkeypatch) -> list[set[str]]:
 
 
 def test_the_probe_passes_here(fresh_probe, policy, monkeypatch):
-    assert sampling.preallocated_cache_unavailable() is None
+    assert kv_cache.preallocated_cache_unavailable() is None
     seen = _layer_types_after_reserve(policy, monkeypatch)
     _samples(policy, 0.0, prefill_token_budget=None)  # one prefill pass, then reserve_cache
     assert seen == [{"PreallocatedLayer"}]
     chunked: list[set[str]] = []
-    real = sampling._chunked_prefill
+    real = sampling.chunked_prefill
 
     def spy(*args, **kwargs):
-        cache, logits = real(*args, **kwargs)
+        cache, logits, mask = real(*args, **kwargs)
         chunked.append({type(layer).__name__ for layer in cache.layers})
-        return cache, logits
+        return cache, logits, mask
 
-    monkeypatch.setattr(sampling, "_chunked_prefill", spy)
+    monkeypatch.setattr(sampling, "chunked_prefill", spy)
     _samples(policy, 0.0)  # the chunked prefill builds the preallocated cache itself
     assert chunked == [{"PreallocatedLayer"}] and len(seen) == 1
 
@@ -73,7 +73,7 @@ def test_the_probe_passes_here(fresh_probe, policy, monkeypatch):
 def test_the_probe_passes_under_bf16_autocast(fresh_probe):
     # the first generate call of a mixed-precision policy probes inside its autocast region
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert sampling.preallocated_cache_unavailable() is None
+        assert kv_cache.preallocated_cache_unavailable() is None
 
 
 def _counting_dynamic_layer(monkeypatch) -> None:
@@ -95,7 +95,7 @@ def test_a_changed_dynamic_layer_keeps_the_growing_cache_and_the_same_tokens(
 ):
     expected = _samples(policy, temperature)
     _counting_dynamic_layer(monkeypatch)
-    sampling.preallocated_cache_unavailable.cache_clear()  # as in a new process
+    kv_cache.preallocated_cache_unavailable.cache_clear()  # as in a new process
     seen = _layer_types_after_reserve(policy, monkeypatch)
     with caplog.at_level("WARNING", logger=sampling.__name__):
         got = _samples(policy, temperature)
@@ -108,13 +108,13 @@ def test_a_changed_dynamic_layer_keeps_the_growing_cache_and_the_same_tokens(
 
 def test_a_raising_subclass_keeps_the_growing_cache(fresh_probe, policy, monkeypatch, caplog):
     expected = _samples(policy, 1.0)
-    _, preallocated = sampling._preallocated_layer_type()
+    _, preallocated = kv_cache._preallocated_layer_type()
 
     def reserve(self, extra_tokens):
         raise AttributeError("'DynamicLayer' object has no attribute 'keys'")
 
     monkeypatch.setattr(preallocated, "reserve", reserve)
-    sampling.preallocated_cache_unavailable.cache_clear()
+    kv_cache.preallocated_cache_unavailable.cache_clear()
     with caplog.at_level("WARNING", logger=sampling.__name__):
         assert _samples(policy, 1.0) == expected
     assert "AttributeError: 'DynamicLayer' object has no attribute 'keys'" in caplog.text
