@@ -69,6 +69,7 @@ def worker(spec: dict) -> dict:
         train_task_slice="0:20",
         env_kwargs={"sandbox_backend": spec["sandbox"]},
         retain_freed_memory=spec.get("retain_freed_memory", True),  # the library's default
+        release_freed_memory=spec.get("release_freed_memory", "phase"),  # the library's default
     )
     trainer = MAGRPOTrainer(config, team, spec["env"])
     trainer.train()
@@ -132,6 +133,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--comlrl-python", help="python of a venv with CoMLRL installed (side-by-side run)")
+    ap.add_argument(
+        "--release-freed-memory",
+        default="phase",
+        choices=["never", "phase", "micro_batch"],
+        help="our runs' release_freed_memory option (default: the library's)",
+    )
     ap.add_argument("--json", help="also write all results to this file")
     args = ap.parse_args()
     if args.worker:
@@ -157,6 +164,7 @@ def main() -> int:
                 "max_new_tokens": args.max_new_tokens,
                 "rollout_buffer_size": args.rollout_buffer_size,
                 "micro_batch": args.micro_batch,
+                "release_freed_memory": args.release_freed_memory,
                 "threads": args.threads,
             }
             label = f"{model_key:8s} {mode:4s}"

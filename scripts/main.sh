@@ -15,4 +15,8 @@ if [ "$allocator" != "glibc" ]; then
     echo "[main] $allocator not found: running on glibc's malloc (higher peak memory)" >&2
   fi
 fi
+# PyTorch backs tensors of 2 MiB and more with transparent huge pages: the job hands freed
+# memory back to the OS between phases (release_freed_memory), and paging it in again costs
+# a fifth as much in 2 MiB pages as in 4 KiB ones (docs/performance.md)
+export THP_MEM_ALLOC_ENABLE=${THP_MEM_ALLOC_ENABLE:-1}
 exec .venv/bin/comlrl main "$@"

@@ -41,6 +41,7 @@ from torch import nn
 from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.completion_post import CompletionStats, cut_at_stop
 from comlrl_core.models.cpu.gqa_attention import use_cpu_gqa_attention
+from comlrl_core.models.cpu.memory_stats import end_of_phase
 from comlrl_core.models.cpu.packed_linear import prepacked_linears
 from comlrl_core.models.lora import (
     SharedLoraBase,
@@ -64,6 +65,7 @@ from comlrl_core.models.sampling import (
     supports_logits_to_keep,
 )
 from comlrl_core.models.stop_watch import StopWatch
+from comlrl_core.models.swiglu import use_lean_swiglu
 from comlrl_core.policy import Completion, FinishReason, GenerationConfig, Policy, completion_seeds
 
 
@@ -72,6 +74,7 @@ def load_base_model(source: ModelSource, spec: AgentSpec) -> nn.Module:
     model = load_causal_lm(source, spec.base_torch_dtype)
     model.to(spec.resolved_device())
     use_cpu_gqa_attention(model)  # no key/value head copies in masked CPU passes
+    use_lean_swiglu(model)  # training forwards keep gate and up, not silu(gate) too
     if spec.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model
@@ -403,6 +406,8 @@ class TransformersPolicy(Policy):
                     found = zip(out.tokens.tolist(), out.lengths.tolist(), out.stopped_on_eos.tolist(), strict=True)
                     for r, (ids, length, eos) in zip(rows, found, strict=True):
                         rows_out[r] = (ids, length, eos)
+                    del out, found
+                    end_of_phase()  # the call's KV cache is freed: inside training, what the allocator kept goes back
         finally:
             self.model.train(was_training)
         return [r[0] for r in rows_out], [r[1] for r in rows_out], [r[2] for r in rows_out]

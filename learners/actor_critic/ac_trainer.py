@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from comlrl_core.models.cpu.memory_stats import end_of_phase, host_memory_metrics
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
 from learners.actor_critic.ac_config import ActorCriticConfig
@@ -29,7 +30,14 @@ from learners.actor_critic.targets import discounted_returns
 from learners.common.episodes import Episode, collect_episodes
 from learners.common.optim import adamw, adamw_settings
 from learners.common.seeding import derive_seed
-from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
+from learners.common.setup import (
+    build_env,
+    check_team_fits_env,
+    num_tasks,
+    releases_between_phases,
+    team_policies,
+    tune_host_memory,
+)
 from learners.common.trainer_utils import (
     TaskItemTraining,
     TrainerCommon,
@@ -77,6 +85,7 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
         self.team = team
         self.policies = team_policies(team)
         self.retain_heap = tune_host_memory(config, self.policies)
+        self.release_memory = releases_between_phases(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = check_team_fits_env(self.policies, self.env)
@@ -188,6 +197,7 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
             seed=derive_seed(c.seed, _ROLLOUT, step),
             record_joint_state=self._needs_joint_state(),
         )
+        end_of_phase()
         t1 = time.perf_counter()
         for episode in episodes:
             self.buffer.add(episode)
@@ -207,6 +217,8 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
                 "time/step_s": time.perf_counter() - t0,
             }
         )
+        metrics.update(host_memory_metrics())  # before the release: what the allocator kept shows
+        end_of_phase()
         if self.global_step % c.logging_steps == 0:
             self._log(metrics)
         return metrics

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from comlrl_core.models.cpu.memory_stats import end_of_micro_batch
 from comlrl_core.models.tokens import plan_chunks
 from comlrl_core.policy import Policy
 from learners.common.shared_prefix import shared_prefix_token_logprobs, supports_shared_prefix
@@ -103,4 +104,6 @@ def accumulate_gradients(
             return float("nan")
         loss.backward()
         total += float(loss.detach().item())
+        del logp, mask, loss
+        end_of_micro_batch()  # its activations are freed: inside training at level micro_batch, handed back
     return total

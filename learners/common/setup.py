@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 
 from comlrl_core.models.cpu.heap import retained_heap
+from comlrl_core.models.cpu.memory_stats import released_between_phases
 from comlrl_core.policy import Policy
 from comlrl_core.registry import make
 
@@ -63,16 +64,30 @@ def tune_host_memory(config: Any, policies: Sequence[Policy]) -> bool:
     return any(torch.device(p.device).type == "cpu" for p in policies)  # device: str or torch.device
 
 
+def releases_between_phases(config: Any, policies: Sequence[Policy]) -> str:
+    """How often ``train()`` hands the allocator's free memory back: ``config.release_freed_memory``
+    when a policy is on the CPU, else ``"never"`` (see :mod:`comlrl_core.models.cpu.memory_stats`).
+    Trainers store it as ``release_memory``."""
+    level = getattr(config, "release_freed_memory", "never")
+    if level == "never" or not any(torch.device(p.device).type == "cpu" for p in policies):
+        return "never"
+    return level
+
+
 Train = TypeVar("Train", bound=Callable[..., Any])
 
 
-def heap_retained_while_running(train: Train) -> Train:
-    """Decorator for a trainer's ``train``: the heap keeps freed memory for the call's
-    duration when the trainer's ``retain_heap`` says so, and hands it back afterwards."""
+def host_memory_managed(train: Train) -> Train:
+    """Decorator for a trainer's ``train``: for the call's duration the heap keeps freed
+    memory when the trainer's ``retain_heap`` says so (handed back afterwards), and the
+    allocator's free memory is released between phases when its ``release_memory`` does."""
 
     @functools.wraps(train)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with retained_heap(bool(getattr(self, "retain_heap", False))):
+        with (
+            retained_heap(bool(getattr(self, "retain_heap", False))),
+            released_between_phases(getattr(self, "release_memory", "never")),
+        ):
             return train(self, *args, **kwargs)
 
     return run  # type: ignore[return-value]

@@ -15,6 +15,7 @@ import pathlib
 import random
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
 
+from comlrl_core.models.cpu.memory_stats import end_of_phase
 from comlrl_core.policy import GenerationConfig, Policy
 from comlrl_core.run.checkpoint import (
     CHECKPOINT_PREFIX,
@@ -29,7 +30,7 @@ from learners.common.evaluation import trainer_evaluation
 from learners.common.nonfinite import NonFiniteGuard
 from learners.common.optim import LearningRateSchedule, drain_optimizer_stats
 from learners.common.seeding import derive_seed
-from learners.common.setup import heap_retained_while_running, num_tasks
+from learners.common.setup import host_memory_managed, num_tasks
 
 if TYPE_CHECKING:
     from comlrl_core.run.metrics import MetricsLogger
@@ -292,6 +293,7 @@ class TrainerCommon:
             _take_completion_stats(policy)  # the evaluation's: not training figures
             if stats is not None:
                 policy.completion_stats.add(stats)  # type: ignore[attr-defined]
+        end_of_phase()
         self._log(metrics)
         return metrics
 
@@ -303,7 +305,7 @@ class TaskItemTraining:
     methods ``train_step``, ``evaluate``, ``save_checkpoint`` and ``_finish``.
     """
 
-    @heap_retained_while_running
+    @host_memory_managed
     def train(self: _TaskItemHost, stop_after: int | None = None) -> dict[str, float]:
         """Train until ``total_steps`` (or pause after global step ``stop_after``).
 

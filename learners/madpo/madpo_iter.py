@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from comlrl_core.config.options import ConfigError, option
 from comlrl_core.run.metrics import MetricsLogger
-from learners.common.setup import heap_retained_while_running
+from learners.common.setup import host_memory_managed
 from learners.madpo.madpo_config import MADPOConfig
 from learners.madpo.madpo_trainer import MADPOTrainer
 from learners.preference.iter_config import IterativeOptions
@@ -59,7 +59,7 @@ class MADPOIterTrainer(IterativeRounds, MADPOTrainer):
         super().__init__(config, team, env, logger=logger, oracle=oracle)
         self._init_rounds()
 
-    @heap_retained_while_running
+    @host_memory_managed
     def train(self, stop_after: int | None = None, stop_after_rounds: int | None = None) -> dict[str, float]:
         """Run the remaining rounds; ``stop_after`` pauses after that many updates in total
         (inside a round), ``stop_after_rounds`` once that many rounds are complete."""

@@ -44,7 +44,7 @@ from learners.common.distributed import DistributedContext, trainable_parameters
 from learners.common.nonfinite import halt_if_nonfinite
 from learners.common.optim import adamw, adamw_settings
 from learners.common.seeding import derive_seed
-from learners.common.setup import check_team_fits_env, heap_retained_while_running, num_tasks
+from learners.common.setup import check_team_fits_env, host_memory_managed, num_tasks
 from learners.common.trainer_utils import (
     add_rank_files,
     agent_entries,
@@ -214,7 +214,7 @@ class MADPOTrainer(PreferenceTrainerBase):
         return {**self.distributed.reduce_metrics(stats), **summed}
 
     # -- training -------------------------------------------------------------------
-    @heap_retained_while_running
+    @host_memory_managed
     def train(self, stop_after: int | None = None) -> dict[str, float]:
         """Collect pairs (once), then train on them; ``stop_after`` pauses after that many
         updates in total (a checkpoint can then be saved and resumed)."""

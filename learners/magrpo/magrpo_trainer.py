@@ -26,6 +26,7 @@ import random
 import time
 from typing import Any, Callable
 
+from comlrl_core.models.cpu.memory_stats import GIB, end_of_phase, host_memory_metrics, resident_bytes
 from comlrl_core.models.sampling import FORWARD_COUNTER
 from comlrl_core.policy import Policy
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
@@ -34,7 +35,14 @@ from learners.common.distributed import trainable_parameters
 from learners.common.optim import adamw, adamw_settings
 from learners.common.reference import frozen_reference
 from learners.common.seeding import derive_seed
-from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
+from learners.common.setup import (
+    build_env,
+    check_team_fits_env,
+    num_tasks,
+    releases_between_phases,
+    team_policies,
+    tune_host_memory,
+)
 from learners.common.trainer_utils import (
     TaskItemTraining,
     TrainerCommon,
@@ -87,6 +95,7 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         self.team = team
         self.policies = team_policies(team)
         self.retain_heap = tune_host_memory(config, self.policies)
+        self.release_memory = releases_between_phases(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = check_team_fits_env(self.policies, self.env)
@@ -187,6 +196,8 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
         )
         for tree in trees:
             compute_returns(tree, c.discount)
+        rollout_rss = resident_bytes() / GIB  # before the release: the rollout's own footprint
+        end_of_phase()
         t1 = time.perf_counter()
         passes, rows = FORWARD_COUNTER.take()
         self._step_updates = [[] for _ in self.policies]
@@ -203,6 +214,8 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
             for agent in range(len(self.policies)):
                 self._flush(agent)
         self.global_step = step + 1
+        memory = host_memory_metrics()  # before the release: what the allocator kept shows
+        end_of_phase()
         metrics = forest_metrics(trees)
         metrics.update(self._agent_metrics())
         if passes:  # the mean batch of the rollout's decoding steps (agents of a shared base together)
@@ -214,6 +227,8 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
                 "time/step_s": time.perf_counter() - t0,
             }
         )
+        metrics.update(memory)
+        metrics["memory/rss_after_rollout_gib"] = rollout_rss
         if tasks:
             metrics["train/task"] = float(tasks[0])
         metrics = parallel.reduce_metrics(metrics)  # [distributed] means over the processes

@@ -22,7 +22,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from comlrl_core.config.options import option
 from comlrl_core.run.metrics import MetricsLogger
-from learners.common.setup import heap_retained_while_running
+from learners.common.setup import host_memory_managed
 from learners.marlhf.marlhf_config import MARLHFConfig
 from learners.marlhf.marlhf_trainer import MARLHFTrainer
 from learners.marlhf.reward_env import RewardModelOracle
@@ -64,7 +64,7 @@ class MARLHFIterTrainer(IterativeRounds, MARLHFTrainer):
             return RewardModelOracle(self._score_with_reward_model)
         return self.oracle
 
-    @heap_retained_while_running
+    @host_memory_managed
     def train(self, stop_after_rounds: int | None = None) -> dict[str, float]:
         """Run the remaining rounds; ``stop_after_rounds`` pauses once that many rounds are
         complete (then :meth:`save_checkpoint`, and a resumed trainer continues with the

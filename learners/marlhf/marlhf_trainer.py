@@ -29,7 +29,7 @@ from comlrl_core.run.metrics import MetricsLogger
 from learners.catalog import learner_classes
 from learners.common.reference import frozen_references
 from learners.common.seeding import derive_seed
-from learners.common.setup import heap_retained_while_running
+from learners.common.setup import host_memory_managed
 from learners.common.trainer_utils import agent_entries, checkpoint_keep_last, load_own_checkpoint
 from learners.marlhf.marlhf_config import MAGRPO_FAMILY, RL_ALGORITHMS, MARLHFConfig
 from learners.marlhf.reward_env import RewardSwitch, reward_model_env_factory
@@ -216,7 +216,7 @@ class MARLHFTrainer(PreferenceTrainerBase):
         return last
 
     # -- training ---------------------------------------------------------------------
-    @heap_retained_while_running
+    @host_memory_managed
     def train(self) -> dict[str, float]:
         if self.pairs is None:
             self.pairs, stats = self.collect_pairs()

@@ -15,7 +15,14 @@ from typing import Any, Callable, Sequence
 from comlrl_core.policy import Policy
 from comlrl_core.run.metrics import MetricsLogger
 from learners.common.seeding import derive_seed
-from learners.common.setup import build_env, check_team_fits_env, num_tasks, team_policies, tune_host_memory
+from learners.common.setup import (
+    build_env,
+    check_team_fits_env,
+    num_tasks,
+    releases_between_phases,
+    team_policies,
+    tune_host_memory,
+)
 from learners.common.trainer_utils import TrainerCommon
 from learners.preference.build import pairs_within
 from learners.preference.candidates import (
@@ -58,6 +65,7 @@ class PreferenceTrainerBase(TrainerCommon):
         self.team = team
         self.policies: list[Policy] = team_policies(team)
         self.retain_heap = tune_host_memory(config, self.policies)
+        self.release_memory = releases_between_phases(config, self.policies)
         self._env_spec = env
         self.env = self._make_env(config.train_task_slice)
         self.agent_names = self._check_team()

@@ -93,15 +93,15 @@ def test_interleaved_agents_with_gradient_checkpointing(tiny_path, monkeypatch):
     """Checkpointed layers recompute in backward: they must use the adapter of the forward."""
     team = _lora_team(tiny_path, gradient_checkpointing=True).train()
     _perturb_lora_b(team)
-    mlp_type = type(team[0].model.get_base_model().model.layers[0].mlp)
     calls = []
-    original = mlp_type.forward
+    for layer in team[0].model.get_base_model().model.layers:
+        original = layer.mlp.forward  # bound: the lean SwiGLU's instance forward
 
-    def counting_forward(self, *args, **kwargs):  # module hooks do not fire on recompute
-        calls.append(1)
-        return original(self, *args, **kwargs)
+        def counting_forward(*args, _original=original, **kwargs):  # module hooks do not fire on recompute
+            calls.append(1)
+            return _original(*args, **kwargs)
 
-    monkeypatch.setattr(mlp_type, "forward", counting_forward)
+        monkeypatch.setattr(layer.mlp, "forward", counting_forward)
 
     (-team[0].sequence_logprobs(P, C).sum()).backward()
     alone = [p.grad.clone() for p in team.trainable_parameters(0)]

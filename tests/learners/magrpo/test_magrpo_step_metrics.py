@@ -78,3 +78,48 @@ def test_stop_strings_cut_training_completions(tmp_path, data_file):
     assert trainer.generation_config().stop == tuple(stops)
     for row in rows:
         assert row["agent_0/completions/mean_length"] < 6
+
+
+@pytest.mark.parametrize("level", ["phase", "micro_batch", "never"])
+def test_train_releases_memory_after_each_sampling_call_rollout_and_update(tmp_path, data_file, monkeypatch, level):
+    import comlrl_core.models.hf_policy as hf_policy
+    import learners.common.logprobs as logprobs
+    from comlrl_core.models.cpu import memory_stats
+
+    released: list[int] = []
+    monkeypatch.setattr(memory_stats, "release_free_memory", lambda: released.append(1) or True)
+    calls = {"sampling": 0, "micro_batch": 0}
+    sample_tokens, end_of_micro_batch = hf_policy.sample_tokens, logprobs.end_of_micro_batch
+
+    def counted_sampling(*args, **kwargs):
+        calls["sampling"] += 1
+        return sample_tokens(*args, **kwargs)
+
+    def counted_micro_batch():
+        calls["micro_batch"] += 1
+        return end_of_micro_batch()
+
+    monkeypatch.setattr(hf_policy, "sample_tokens", counted_sampling)
+    monkeypatch.setattr(logprobs, "end_of_micro_batch", counted_micro_batch)
+    trainer, rows = _run(tmp_path, data_file, release_freed_memory=level)
+    assert trainer.release_memory == level
+    assert calls["sampling"] and calls["micro_batch"]
+    # after each sampling call, each step's rollout and update (and each micro-batch's backward)
+    expected = {
+        "never": 0,
+        "phase": calls["sampling"] + 2 * len(rows),
+        "micro_batch": calls["sampling"] + 2 * len(rows) + calls["micro_batch"],
+    }[level]
+    assert len(released) == expected
+    assert memory_stats.end_of_phase() is False  # nothing outside train()
+    assert len(released) == expected
+    for row in rows:
+        assert 0 < row["memory/rss_gib"] <= row["memory/peak_rss_gib"]
+        assert 0 < row["memory/rss_after_rollout_gib"] <= row["memory/peak_rss_gib"]
+
+
+def test_an_unknown_release_level_names_the_choices():
+    from comlrl_core.config.options import ConfigError
+
+    with pytest.raises(ConfigError, match="release_freed_memory.*'never', 'phase', 'micro_batch'.*'phase'"):
+        MAGRPOConfig(release_freed_memory="phases")
