@@ -16,7 +16,7 @@ if [ "$allocator" != "glibc" ]; then
   fi
 fi
 # PyTorch backs tensors of 2 MiB and more with transparent huge pages: the job hands freed
-# memory back to the OS between phases (release_freed_memory), and paging it in again costs
-# a fifth as much in 2 MiB pages as in 4 KiB ones (docs/performance.md)
+# memory back to the OS between phases (release_freed_memory), and paging it in again takes
+# about half as long in 2 MiB pages as in 4 KiB ones (bench/page_in.py, docs/performance.md)
 export THP_MEM_ALLOC_ENABLE=${THP_MEM_ALLOC_ENABLE:-1}
 exec .venv/bin/comlrl main "$@"

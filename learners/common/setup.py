@@ -59,9 +59,7 @@ def tune_host_memory(config: Any, policies: Sequence[Policy]) -> bool:
     """Whether ``train()`` keeps freed memory in the process heap while it runs
     (``config.retain_freed_memory`` and a policy on the CPU; see
     :mod:`comlrl_core.models.cpu.heap`). Trainers store it as ``retain_heap``."""
-    if not getattr(config, "retain_freed_memory", False):
-        return False
-    return any(torch.device(p.device).type == "cpu" for p in policies)  # device: str or torch.device
+    return bool(getattr(config, "retain_freed_memory", False)) and _any_on_cpu(policies)
 
 
 def releases_between_phases(config: Any, policies: Sequence[Policy]) -> str:
@@ -69,9 +67,11 @@ def releases_between_phases(config: Any, policies: Sequence[Policy]) -> str:
     when a policy is on the CPU, else ``"never"`` (see :mod:`comlrl_core.models.cpu.memory_stats`).
     Trainers store it as ``release_memory``."""
     level = getattr(config, "release_freed_memory", "never")
-    if level == "never" or not any(torch.device(p.device).type == "cpu" for p in policies):
-        return "never"
-    return level
+    return level if level != "never" and _any_on_cpu(policies) else "never"
+
+
+def _any_on_cpu(policies: Sequence[Policy]) -> bool:
+    return any(torch.device(p.device).type == "cpu" for p in policies)  # device: str or torch.device
 
 
 Train = TypeVar("Train", bound=Callable[..., Any])

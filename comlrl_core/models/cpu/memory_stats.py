@@ -25,6 +25,7 @@ next phase's peak; the price is that the next phase page-faults its memory in ag
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import resource
 import sys
@@ -86,25 +87,33 @@ def peak_resident_bytes() -> int:
     return max(peak, resident_bytes())
 
 
-def _c_function(name: str, argtypes: list[Any], restype: Any) -> Any:
+@functools.cache
+def _process_allocator() -> str:
+    # a process's allocator is fixed when it starts; the releases run after every sampling
+    # call and scored group, so /proc/self/maps is read once, not each time
+    return loaded_allocator()
+
+
+@functools.cache
+def _c_function(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
     """``name`` among the C functions this process has mapped (a preloaded allocator
-    included), typed; None where it is missing."""
+    included), typed; None where it is missing. Looked up once per process."""
     try:
         function = getattr(ctypes.CDLL(None), name, None)
     except OSError:
         return None
     if function is not None:
-        function.argtypes, function.restype = argtypes, restype
+        function.argtypes, function.restype = list(argtypes), restype
     return function
 
 
 def allocator_free_bytes(allocator: str | None = None) -> int | None:
     """Freed memory the allocator still keeps mapped for reuse, or None where it cannot tell
     (jemalloc, musl, macOS)."""
-    allocator = allocator or loaded_allocator()
+    allocator = allocator or _process_allocator()
     if allocator == "tcmalloc":
         get = _c_function(
-            "MallocExtension_GetNumericProperty", [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int
+            "MallocExtension_GetNumericProperty", (ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)), ctypes.c_int
         )
         if get is None:
             return None
@@ -113,20 +122,20 @@ def allocator_free_bytes(allocator: str | None = None) -> int | None:
             if get(name.encode(), ctypes.byref(value)):
                 total += value.value
         return total
-    mallinfo2 = _c_function("mallinfo2", [], _Mallinfo2) if allocator == "glibc" else None
+    mallinfo2 = _c_function("mallinfo2", (), _Mallinfo2) if allocator == "glibc" else None
     return None if mallinfo2 is None else int(mallinfo2().fordblks)
 
 
 def release_free_memory(allocator: str | None = None) -> bool:
     """Hand the allocator's free memory back to the kernel; returns whether it could."""
-    allocator = allocator or loaded_allocator()
+    allocator = allocator or _process_allocator()
     if allocator == "tcmalloc":
-        release = _c_function("MallocExtension_ReleaseFreeMemory", [], None)
+        release = _c_function("MallocExtension_ReleaseFreeMemory", (), None)
         if release is not None:
             release()
             return True
     elif allocator == "glibc":
-        trim = _c_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+        trim = _c_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
         if trim is not None:
             trim(0)
             return True
