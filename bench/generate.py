@@ -25,11 +25,14 @@ machine; one call timed inside does not.)
 Hardware limits, measured in the same process: memory copy bandwidth (a large fp32 tensor
 copy; bytes read + bytes written per second), the matrix read rate (a matrix-vector product
 over the same bytes: what a batch-1 decoding step does) and the fp32 GEMM rate (a large
-square matmul). The decode ceiling at batch B: a step reads every weight once (``weight
-bytes / bandwidth``, the better of the two bandwidths) and does ``2 * params * B`` flops
-(``/ GEMM rate``); with both overlapped the step takes the larger of the two, without
-overlap their sum (KV-cache traffic and attention are left out, so both ceilings are
-optimistic). The same matmul in bf16 is timed too, next
+square matmul). The copied and read buffer is at least twice the CPU's last-level cache
+(sysfs), so both rates are the memory's, as for a model whose weights do not fit in that
+cache (a 256 MB buffer inside a 300 MB L3 read at 51 GB/s where memory gives ~32). The
+decode ceiling at batch B: a step reads every weight once and each row's cached keys and
+values (at the call's mean length, prompt plus half the new tokens), at the better of the
+two bandwidths, and does ``2 * params * B`` flops (``/ GEMM rate``); with both overlapped
+the step takes the larger of the two, without overlap their sum (attention's arithmetic
+is left out, so both ceilings are optimistic). The same matmul in bf16 is timed too, next
 to whether the CPU has bf16 hardware: where it is slower than fp32, so is
 ``mixed_precision: bf16`` (docs/performance.md, "Mixed precision on CPU").
 
@@ -79,8 +82,9 @@ class Hardware:
     gemv_read_gb_s: float  # matrix bytes read per second by a matrix-vector product
     gemm_gflop_s: float
     gemm_bf16_gflop_s: float  # the same matmul in bf16: what bf16 mixed precision could gain
-    copy_mb: int
+    copy_mb: int  # the copied / read buffer
     gemm_n: int
+    cache_mb: int | None = None  # the CPU's last-level cache (None: unknown)
 
     @property
     def bandwidth_gb_s(self) -> float:
@@ -116,8 +120,38 @@ def _best_time(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
     return min(best, time.perf_counter() - start), result
 
 
-def measure_hardware(copy_mb: int, gemm_n: int, repeats: int = 5) -> Hardware:
-    """Copy bandwidth and fp32 GEMM rate of this process's threads (best of ``repeats``)."""
+def last_level_cache_mb(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size of the CPU's largest (highest-level) cache in MB, from sysfs; None if unknown."""
+    best: tuple[int, int] | None = None  # (level, KiB)
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        try:
+            with open(os.path.join(root, entry, "level")) as f:
+                level = int(f.read().strip())
+            with open(os.path.join(root, entry, "size")) as f:
+                size = f.read().strip().upper()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1, "M": 1024, "G": 1024 * 1024}
+        if not size or size[-1] not in units or not size[:-1].isdigit():
+            continue
+        kib = int(size[:-1]) * units[size[-1]]
+        if best is None or (level, kib) > best:
+            best = (level, kib)
+    return None if best is None else math.ceil(best[1] / 1024)
+
+
+def measure_hardware(copy_mb: int, gemm_n: int, repeats: int = 5, cache_mb: int | None = None) -> Hardware:
+    """Copy bandwidth, matrix read rate and fp32 GEMM rate of this process's threads (best
+    of ``repeats``). The buffer is ``copy_mb`` or twice ``cache_mb`` (the last-level cache),
+    whichever is larger: a buffer the cache holds would measure the cache, not the memory."""
+    if cache_mb:
+        copy_mb = max(copy_mb, 2 * cache_mb)
     src = torch.rand(copy_mb * 2**20 // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)  # fault the pages in before timing
@@ -140,13 +174,15 @@ def measure_hardware(copy_mb: int, gemm_n: int, repeats: int = 5) -> Hardware:
         gemm_bf16_gflop_s=2 * gemm_n**3 / gemm_bf16_s / 1e9,
         copy_mb=copy_mb,
         gemm_n=gemm_n,
+        cache_mb=cache_mb,
     )
 
 
-def ceilings(params: int, weight_bytes: int, batch: int, hw: Hardware) -> tuple[float, float]:
-    """Decode tok/s bounds at ``batch``: (overlapped, serial) weight traffic and arithmetic.
-    The weights are read at the better of the two measured rates (a bound must not be low)."""
-    read_s = weight_bytes / (hw.bandwidth_gb_s * 1e9)
+def ceilings(params: int, weight_bytes: int, batch: int, hw: Hardware, cache_bytes: float = 0.0) -> tuple[float, float]:
+    """Decode tok/s bounds at ``batch``: (overlapped, serial) memory traffic and arithmetic.
+    A step reads the weights once and ``cache_bytes`` of cached keys and values (all rows),
+    at the better of the two measured rates (a bound must not be low)."""
+    read_s = (weight_bytes + cache_bytes) / (hw.bandwidth_gb_s * 1e9)
     compute_s = 2 * params * batch / (hw.gemm_gflop_s * 1e9)
     return batch / max(read_s, compute_s), batch / (read_s + compute_s)
 
@@ -162,6 +198,18 @@ def weight_footprint(policy) -> tuple[int, int]:
         params += p.numel()
         nbytes += p.numel() * p.element_size()
     return params, nbytes
+
+
+def cache_bytes_per_token(policy) -> int:
+    """Bytes of keys and values one token keeps in the cache, over all layers."""
+    model = policy.model
+    config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = next(model.parameters()).element_size()
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * element
 
 
 def make_prompts(policy, count: int, tokens: int, seed: int = 0) -> list[str]:
@@ -292,6 +340,7 @@ def bench_policy(kind: str, policy, args: argparse.Namespace, hw: Hardware, log:
     samplers.ours(min(args.batches), 2)
     samplers.hf(min(args.batches), 2)
     params, weight_bytes = weight_footprint(policy)
+    per_token = cache_bytes_per_token(policy)
     clock = ForwardClock(policy)
     rows = []
     for batch in args.batches:
@@ -299,7 +348,9 @@ def bench_policy(kind: str, policy, args: argparse.Namespace, hw: Hardware, log:
             clock, samplers.ours, batch, args.new_tokens, args.repeats
         )
         prefill_hf, decode_hf, tokens_hf = prefill_and_decode(clock, samplers.hf, batch, args.new_tokens, args.repeats)
-        ceiling, serial = ceilings(params, weight_bytes, batch, hw)
+        # every row reads its cached keys and values once a step; mean length over the call
+        mean_length = sum(widths[:batch]) / batch + args.new_tokens / 2
+        ceiling, serial = ceilings(params, weight_bytes, batch, hw, batch * mean_length * per_token)
         rows.append(
             Row(kind, batch, prefill_ours, prefill_hf, decode_ours, decode_hf, tokens_ours, tokens_hf, ceiling, serial)
         )
@@ -428,7 +479,7 @@ def main(argv: Sequence[str] | None = None, log: Callable[[str], None] | None = 
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     log("measuring the hardware ...")
-    hw = measure_hardware(args.copy_mb, args.gemm_n)
+    hw = measure_hardware(args.copy_mb, args.gemm_n, cache_mb=None if args.quick else last_level_cache_mb())
     rows: list[Row] = []
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # generation-flag notices, not results
@@ -443,6 +494,7 @@ def main(argv: Sequence[str] | None = None, log: Callable[[str], None] | None = 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     temperature, top_k, top_p = args.sampling
     busy = max(load_before[0], load_after[0]) > (os.cpu_count() or 1)
+    cache_note = f"at least 2x the last-level cache of {hw.cache_mb} MB" if hw.cache_mb else "cache size not used"
     contention = " (other processes were competing for the CPU)" if busy else ""
     out = [
         "",
@@ -455,11 +507,13 @@ def main(argv: Sequence[str] | None = None, log: Callable[[str], None] | None = 
         f"{max(args.batches)} distinct prompts of ~{args.prompt_tokens} tokens (batch B takes the first B); "
         f"{args.new_tokens} new tokens per row, EOS off in both; temperature {temperature:g}, top_k {top_k}, "
         f"top_p {top_p:g}; best of {args.repeats}",
-        f"hardware: copy bandwidth {hw.copy_gb_s:.1f} GB/s ({hw.copy_mb} MB fp32 copy, read + write), "
+        f"hardware: copy bandwidth {hw.copy_gb_s:.1f} GB/s ({hw.copy_mb} MB fp32 copy, read + write; "
+        f"{cache_note}), "
         f"matrix read {hw.gemv_read_gb_s:.1f} GB/s (fp32 matrix-vector product of the same bytes), "
         f"fp32 GEMM {hw.gemm_gflop_s:.1f} GFLOP/s ({hw.gemm_n}^3); the same in bf16 {hw.gemm_bf16_gflop_s:.1f} "
         f"GFLOP/s ({hw.gemm_bf16_gflop_s / hw.gemm_gflop_s:.2f}x; bf16 hardware: {_bf16_hardware()})",
-        f"ceiling at batch B: B / max(weight bytes / bandwidth, 2 * params * B / GEMM rate); serial: the sum; "
+        f"ceiling at batch B: B / max((weight bytes + B rows' cached keys and values) / bandwidth, "
+        f"2 * params * B / GEMM rate); serial: the sum; "
         f"bandwidth = the better of copy and matrix read ({hw.bandwidth_gb_s:.1f} GB/s)",
         "",
         *format_table(rows),

@@ -270,82 +270,89 @@ def sample_tokens(
             count=FORWARD_COUNTER.add,
             share_prefix=share_prefix,
         )
-    for step in range(max_new_tokens):
-        if step == 0 and prefilled is not None:  # prefilled chunk by chunk: cache fanned out and reserved
-            cache, logits, mask = prefilled  # mask: the tokens the cache holds (see prefill)
-            if num_samples > 1:
+    call_decoder = decoder  # the probe may drop ``decoder``; its call still ends below
+    if call_decoder is not None:
+        call_decoder.start_call()  # per-call state (stacked adapters) lives until the call ends
+    try:
+        for step in range(max_new_tokens):
+            if step == 0 and prefilled is not None:  # prefilled chunk by chunk: cache fanned out and reserved
+                cache, logits, mask = prefilled  # mask: the tokens the cache holds (see prefill)
+                if num_samples > 1:
+                    mask = mask.repeat_interleave(num_samples, dim=0)
+                    step_positions = step_positions.repeat_interleave(num_samples, dim=0)
+                    if adapters:
+                        adapters = {"adapter_names": [a for a in adapters["adapter_names"] for _ in range(num_samples)]}
+            else:
+                step_inputs: dict[str, Any] = {
+                    "input_ids": step_ids,
+                    "attention_mask": mask,
+                    "position_ids": step_positions,
+                }
+                step_inputs.update(use_cache=True, **keep_last, **adapters)
+                logits = None
+                if decoder is not None and step > 0:
+                    names = adapters.get("adapter_names")
+                    if decoder.checked:
+                        logits = decoder.step(step_ids, mask, step_positions, cache, names)
+                    else:  # first lean step of this model: compared with the model's own
+                        reference = functools.partial(_forward_logits, model, step_inputs, cache_name)
+                        logits = probe_step(decoder, model, reference, step_ids, mask, step_positions, cache, names)
+                        if unsupported_reason(model) is not None:  # the probe switched it off
+                            decoder = None
+                if logits is None:
+                    cache, logits = _forward_step(model, step_inputs, cache_name, cache)
+                FORWARD_COUNTER.add(step_ids.shape[0])
+            if step == 0 and num_samples > 1 and prefilled is None:
+                # the prompt prefill (the long pass) ran once per prompt; fan out to samples
                 mask = mask.repeat_interleave(num_samples, dim=0)
                 step_positions = step_positions.repeat_interleave(num_samples, dim=0)
                 if adapters:
                     adapters = {"adapter_names": [a for a in adapters["adapter_names"] for _ in range(num_samples)]}
-        else:
-            step_inputs: dict[str, Any] = {
-                "input_ids": step_ids,
-                "attention_mask": mask,
-                "position_ids": step_positions,
-            }
-            step_inputs.update(use_cache=True, **keep_last, **adapters)
-            logits = None
-            if decoder is not None and step > 0:
+                cache = repeat_cache_rows(cache, num_samples)
+                if cache is None:  # unknown cache layout: prefill the repeated prompts instead
+                    outputs = model(
+                        input_ids=step_ids.repeat_interleave(num_samples, dim=0),
+                        attention_mask=mask,
+                        position_ids=step_positions,
+                        use_cache=True,
+                        **keep_last,
+                        **adapters,
+                    )
+                    FORWARD_COUNTER.add(batch)
+                    cache = returned_cache(outputs)
+                    logits = outputs.logits[:, -1, :].float()
+                else:
+                    logits = logits.repeat_interleave(num_samples, dim=0)
+            if step == 0 and prefilled is None:
+                cache = reserve_cache(cache, max_new_tokens - 1)
+            prefilled = None
+            drawn = sample_next_tokens(logits, temperature, top_k, top_p, generator)  # running rows only
+            next_ids = torch.full((batch,), pad_token_id, dtype=drawn.dtype, device=device)
+            next_ids[running.index] = drawn
+            next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
+            chosen.append(next_ids)
+            lengths += (~finished).long()
+            hit_eos |= torch.isin(next_ids, eos) & ~finished
+            finished |= hit_eos
+            if stop_watch is not None and stop_watch.due(step):
+                finished |= stop_watch.watch(chosen, ~finished)
+            if bool(finished.all()):
+                break
+            step_positions = step_positions[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype, device=device)], dim=1)
+            if can_drop and running.worth_dropping(finished):
                 names = adapters.get("adapter_names")
-                if decoder.checked:
-                    logits = decoder.step(step_ids, mask, step_positions, cache, names)
-                else:  # first lean step of this model: compared with the model's own
-                    reference = functools.partial(_forward_logits, model, step_inputs, cache_name)
-                    logits = probe_step(decoder, model, reference, step_ids, mask, step_positions, cache, names)
-                    if unsupported_reason(model) is not None:  # the probe switched it off
-                        decoder = None
-            if logits is None:
-                cache, logits = _forward_step(model, step_inputs, cache_name, cache)
-            FORWARD_COUNTER.add(step_ids.shape[0])
-        if step == 0 and num_samples > 1 and prefilled is None:
-            # the prompt prefill (the long pass) ran once per prompt; fan out to samples
-            mask = mask.repeat_interleave(num_samples, dim=0)
-            step_positions = step_positions.repeat_interleave(num_samples, dim=0)
-            if adapters:
-                adapters = {"adapter_names": [a for a in adapters["adapter_names"] for _ in range(num_samples)]}
-            cache = repeat_cache_rows(cache, num_samples)
-            if cache is None:  # unknown cache layout: prefill the repeated prompts instead
-                outputs = model(
-                    input_ids=step_ids.repeat_interleave(num_samples, dim=0),
-                    attention_mask=mask,
-                    position_ids=step_positions,
-                    use_cache=True,
-                    **keep_last,
-                    **adapters,
-                )
-                FORWARD_COUNTER.add(batch)
-                cache = returned_cache(outputs)
-                logits = outputs.logits[:, -1, :].float()
-            else:
-                logits = logits.repeat_interleave(num_samples, dim=0)
-        if step == 0 and prefilled is None:
-            cache = reserve_cache(cache, max_new_tokens - 1)
-        prefilled = None
-        drawn = sample_next_tokens(logits, temperature, top_k, top_p, generator)  # running rows only
-        next_ids = torch.full((batch,), pad_token_id, dtype=drawn.dtype, device=device)
-        next_ids[running.index] = drawn
-        next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
-        chosen.append(next_ids)
-        lengths += (~finished).long()
-        hit_eos |= torch.isin(next_ids, eos) & ~finished
-        finished |= hit_eos
-        if stop_watch is not None and stop_watch.due(step):
-            finished |= stop_watch.watch(chosen, ~finished)
-        if bool(finished.all()):
-            break
-        step_positions = step_positions[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype, device=device)], dim=1)
-        if can_drop and running.worth_dropping(finished):
-            names = adapters.get("adapter_names")
-            shrunk = running.drop_finished(finished, cache, mask, step_positions, generator, names)  # type: ignore[arg-type]
-            if shrunk is None:
-                can_drop = False  # a cache layout that cannot shrink: keep every row
-            else:
-                mask, step_positions, generator, names = shrunk
-                if names is not None:
-                    adapters = {"adapter_names": names}
-        step_ids = next_ids[running.index][:, None]
+                shrunk = running.drop_finished(finished, cache, mask, step_positions, generator, names)  # type: ignore[arg-type]
+                if shrunk is None:
+                    can_drop = False  # a cache layout that cannot shrink: keep every row
+                else:
+                    mask, step_positions, generator, names = shrunk
+                    if names is not None:
+                        adapters = {"adapter_names": names}
+            step_ids = next_ids[running.index][:, None]
+    finally:
+        if call_decoder is not None:
+            call_decoder.end_call()
     tokens = torch.stack(chosen, dim=1) if chosen else torch.empty(batch, 0, dtype=torch.long)
     return SampleOutput(tokens=tokens, lengths=lengths, stopped_on_eos=hit_eos)
 

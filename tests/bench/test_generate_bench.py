@@ -85,3 +85,38 @@ def test_the_forward_clock_tells_prefill_from_decoding_steps_in_both_samplers(be
         # one prefill pass over the prompts, then one pass per token after the first
         assert fed[0] > 1 and fed[1:] == [1, 1, 1, 1]
         assert per_row == 5 and prefill_s > 0 and decode_s > 0
+
+
+def test_ceiling_counts_the_cached_keys_and_values_each_step_reads(bench):
+    hw = bench.Hardware(
+        copy_gb_s=20.0, gemv_read_gb_s=15.0, gemm_gflop_s=100.0, gemm_bf16_gflop_s=50.0, copy_mb=0, gemm_n=0
+    )
+    # 540 MB of weights plus 460 MB of cache at 20 GB/s: 50 ms a step, above 43.2 ms of arithmetic
+    overlap, serial = bench.ceilings(135_000_000, 540_000_000, 16, hw, cache_bytes=460_000_000)
+    assert overlap == pytest.approx(16 / 0.05)
+    assert serial == pytest.approx(16 / (0.05 + 0.0432))
+
+
+def test_cache_bytes_per_token_is_layers_times_keys_and_values(bench):
+    policy = bench.build_policy("full", "tiny-random")
+    config = policy.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    expected = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 4  # fp32
+    assert bench.cache_bytes_per_token(policy) == expected
+
+
+def test_last_level_cache_is_the_highest_level_from_sysfs(bench, tmp_path):
+    for index, (level, size) in enumerate([(1, "48K"), (2, "2048K"), (3, "307200K"), (1, "32K")]):
+        entry = tmp_path / f"index{index}"
+        entry.mkdir()
+        (entry / "level").write_text(f"{level}\n")
+        (entry / "size").write_text(f"{size}\n")
+    (tmp_path / "uevent").write_text("")
+    assert bench.last_level_cache_mb(str(tmp_path)) == 300
+    assert bench.last_level_cache_mb(str(tmp_path / "missing")) is None
+
+
+def test_the_measured_buffer_is_twice_the_last_level_cache(bench):
+    hw = bench.measure_hardware(copy_mb=4, gemm_n=64, repeats=1, cache_mb=6)
+    assert hw.copy_mb == 12 and hw.cache_mb == 6
+    assert bench.measure_hardware(copy_mb=16, gemm_n=64, repeats=1, cache_mb=4).copy_mb == 16

@@ -3,6 +3,7 @@ module machinery, used only where it gives transformers' numbers, and never past
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -196,3 +197,115 @@ def test_a_draw_is_always_a_token_of_positive_probability(weights, seed, rows):
     drawn = sample_next_tokens(logits, 1.0, 0, 1.0, torch.Generator().manual_seed(seed))
     assert drawn.shape == (rows,)
     assert bool((probs[drawn] > 0).all())
+
+
+def _mixed_adapter_setup(lora_team, names_of_rows):
+    """A prefilled cache for rows of the shared base, each row through its own adapter."""
+    lead = lora_team[0]
+    model = lead.model
+    model.eval()  # peft takes adapter_names in eval mode only
+    prompts = ["def add(a, b):", "a longer prompt about agents", "x", "yy zz", "hello"][: len(names_of_rows)]
+    ids, mask = lead._left_pad([lead.encode_prompt(p) for p in prompts])
+    positions = padded_position_ids(mask)
+    with torch.no_grad():
+        out = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, adapter_names=names_of_rows
+        )
+    return model, out, mask, positions
+
+
+def _step_from(decoder, out, mask, positions, names, in_call: bool):
+    cache = reserve_cache(copy.deepcopy(out.past_key_values), 4)
+    step_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+    step_mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=1)
+    if in_call:
+        decoder.start_call()
+    try:
+        with torch.no_grad():
+            return decoder.step(step_ids, step_mask, positions[:, -1:] + 1, cache, names)
+    finally:
+        if in_call:
+            decoder.end_call()
+
+
+def test_adapters_of_a_mixed_batch_are_stacked_with_the_same_logits(lora_team):
+    """Rows of two adapters in three runs: inside a sampling call each LoRA layer runs both
+    adapters in two products (stacked, rows masked to their own block); the logits are
+    those of the per-run path and of transformers' forward."""
+    a, b = (member.adapter_name for member in lora_team)
+    names = [a, a, b, b, a]
+    model, out, mask, positions = _mixed_adapter_setup(lora_team, names)
+    decoder = lean_decode.lean_decoder(model)
+    assert decoder is not None
+    built = []
+    real = decoder._stacked
+    decoder._stacked = lambda module, dtype: built.append(real(module, dtype)) or built[-1]
+    stacked = _step_from(decoder, out, mask, positions, names, in_call=True)
+    assert built and all(s is not None and [n for n, _ in s.layout] == [a, b] for s in built)
+    per_run = _step_from(decoder, out, mask, positions, names, in_call=False)
+    torch.testing.assert_close(stacked, per_run, atol=1e-5, rtol=1e-5)
+    reference = model(
+        input_ids=out.logits[:, -1].argmax(-1, keepdim=True),
+        attention_mask=torch.cat([mask, torch.ones(len(names), 1, dtype=mask.dtype)], dim=1),
+        position_ids=positions[:, -1:] + 1,
+        past_key_values=copy.deepcopy(out.past_key_values),
+        adapter_names=names,
+    ).logits[:, -1]
+    torch.testing.assert_close(stacked, reference.float(), atol=1e-5, rtol=1e-5)
+    assert not decoder._stacks  # dropped when the call ended
+
+
+def test_stacked_adapters_are_rebuilt_for_each_call(lora_team):
+    """Weights change between calls (an update): the next call stacks the new ones."""
+    a, b = (member.adapter_name for member in lora_team)
+    names = [a, b, b]
+    model, out, mask, positions = _mixed_adapter_setup(lora_team, names)
+    decoder = lean_decode.lean_decoder(model)
+    before = _step_from(decoder, out, mask, positions, names, in_call=True)
+    with torch.no_grad():
+        for name, weight in lora_team[1].named_parameters():
+            if "lora_B" in name and f".{b}." in name:
+                weight.mul_(-2.0)
+    after = _step_from(decoder, out, mask, positions, names, in_call=True)
+    assert not torch.allclose(before[1:], after[1:], atol=1e-3)  # agent b's rows see its new weights
+    torch.testing.assert_close(
+        after, _step_from(decoder, out, mask, positions, names, in_call=False), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_the_row_masks_follow_the_runs_of_each_step(lora_team):
+    """Once rows leave the batch the runs shrink: the masks are rebuilt for the new runs."""
+    a, b = (member.adapter_name for member in lora_team)
+    decoder = lean_decode.lean_decoder(lora_team[0].model)
+    decoder.start_call()
+    decoder._call_adapters = (a, b)
+    x = torch.ones(4, 3)
+    layout = ((a, 2), (b, 1))
+    first = decoder._row_mask(layout, [(a, 0, 1), (b, 1, 3), (a, 3, 4)], x)
+    assert first.tolist() == [[1, 1, 0], [0, 0, 1], [0, 0, 1], [1, 1, 0]]
+    later = decoder._row_mask(layout, [(b, 0, 2)], x[:2])
+    assert later.tolist() == [[0, 0, 1], [0, 0, 1]]
+    decoder.end_call()
+
+
+def test_an_adapter_with_active_dropout_keeps_the_per_run_path(lora_team):
+    a, b = (member.adapter_name for member in lora_team)
+    decoder = lean_decode.lean_decoder(lora_team[0].model)
+    layer = decoder.layers[0].self_attn.q_proj
+    decoder.start_call()
+    decoder._call_adapters = (a, b)
+    original = layer.lora_dropout[a]
+    try:
+        layer.lora_dropout[a] = torch.nn.Dropout(0.5).train()
+        assert decoder._stacked(layer, torch.float32) is None
+    finally:
+        layer.lora_dropout[a] = original
+        decoder.end_call()
+    decoder.start_call()
+    decoder._call_adapters = (a, b)
+    assert decoder._stacked(layer, torch.float32) is not None
+    decoder.end_call()
+    decoder.start_call()
+    decoder._call_adapters = (a, b)
+    assert decoder._stacked(layer, torch.bfloat16) is None  # inputs of another dtype than the adapters
+    decoder.end_call()
