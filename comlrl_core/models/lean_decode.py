@@ -106,13 +106,11 @@ class LeanDecoder:
         self.layers: list[Any] = list(self.inner.layers)
         self.head: Any = base.get_output_embeddings()
         self.checked = False  # the probe has compared one step with transformers' forward
-        # per sampling call (start_call .. end_call): the adapters' order, each LoRA layer's
-        # stacked adapters, and this step's row masks
+        # per sampling call (start_call .. end_call): the adapters' order and each LoRA
+        # layer's stacked adapters (row masks are per step: _StepRuns)
         self._in_call = False
         self._call_adapters: tuple[str, ...] | None = None
         self._stacks: dict[int, _StackedAdapters | None] = {}
-        self._masks: dict[tuple[tuple[str, int], ...], torch.Tensor] = {}
-        self._mask_runs: Sequence[tuple[str, int, int]] | None = None
 
     # ------------------------------------------------------------------ sampling calls
     def start_call(self) -> None:
@@ -126,8 +124,6 @@ class LeanDecoder:
         self._in_call = False
         self._call_adapters = None
         self._stacks.clear()
-        self._masks.clear()
-        self._mask_runs = None
 
     def _stacked(self, module: Any, dtype: torch.dtype) -> _StackedAdapters | None:
         """``module``'s adapters of this call stacked (None: not stackable: dropout active or
@@ -146,28 +142,8 @@ class LeanDecoder:
         self._stacks[key] = stack
         return stack
 
-    def _row_mask(self, layout: tuple[tuple[str, int], ...], runs: Sequence[tuple[str, int, int]], x: torch.Tensor):
-        """``[rows, sum r]``: 1 where a row's adapter owns the column's block, else 0 (one
-        per layout and step; every layer of a step sees the same ``runs`` object)."""
-        if self._mask_runs is not runs:
-            self._masks.clear()
-            self._mask_runs = runs
-        mask = self._masks.get(layout)
-        if mask is None:
-            mask = torch.zeros(x.shape[0], sum(r for _, r in layout), dtype=x.dtype, device=x.device)
-            offsets, column = {}, 0
-            for name, r in layout:
-                offsets[name] = (column, column + r)
-                column += r
-            for name, start, stop in runs:
-                if name in offsets:
-                    first, last = offsets[name]
-                    mask[start:stop, first:last] = 1
-            self._masks[layout] = mask
-        return mask
-
     # ------------------------------------------------------------------ linear layers
-    def _linear(self, module: Any, x: torch.Tensor, runs: Sequence[tuple[str, int, int]] | None) -> torch.Tensor:
+    def _linear(self, module: Any, x: torch.Tensor, step_runs: _StepRuns | None) -> torch.Tensor:
         if type(module) is nn.Linear:
             if "forward" in module.__dict__:  # a packed or otherwise replaced forward: keep it
                 return module(x)
@@ -177,16 +153,18 @@ class LeanDecoder:
         if module.disable_adapters:
             return result
         rows_in = x.shape[0]
-        if runs is None:  # every row through the active adapters, as peft's forward does
-            runs = [(name, 0, rows_in) for name in module.active_adapters]
-        elif len(runs) > 1 and self._in_call:
-            # several adapters in the batch: all of them in two products (rows masked to
-            # their own adapter's block) instead of two per run on row slices
-            stack = self._stacked(module, x.dtype)
-            if stack is not None:
-                low = F.linear(x, stack.down)  # [rows, sum r]
-                low.mul_(self._row_mask(stack.layout, runs, x))
-                return result.addmm_(low, stack.up)
+        if step_runs is None:  # every row through the active adapters, as peft's forward does
+            runs: Sequence[tuple[str, int, int]] = [(name, 0, rows_in) for name in module.active_adapters]
+        else:
+            runs = step_runs.runs
+            if len(runs) > 1 and self._in_call:
+                # several adapters in the batch: all of them in two products (rows masked to
+                # their own adapter's block) instead of two per run on row slices
+                stack = self._stacked(module, x.dtype)
+                if stack is not None:
+                    low = F.linear(x, stack.down)  # [rows, sum r]
+                    low.mul_(step_runs.mask(stack.layout, x))
+                    return result.addmm_(low, stack.up)
         for name, start, stop in runs:
             if name not in module.lora_A:
                 continue
@@ -227,11 +205,11 @@ class LeanDecoder:
         that token's keys and values. None when the cache is not ready (nothing changed)."""
         if torch.is_autocast_enabled(ids.device.type) or not self.cache_ready(cache, len(self.layers)):
             return None
-        runs = adapter_runs(adapter_names) if adapter_names is not None else None
+        runs = _StepRuns(adapter_runs(adapter_names)) if adapter_names is not None else None
         if runs is not None and self._in_call:
             known = self._call_adapters or ()
-            if any(name not in known for name, _, _ in runs):  # the first step (rows only leave later)
-                self._call_adapters = tuple(dict.fromkeys([*known, *(name for name, _, _ in runs)]))
+            if any(name not in known for name, _, _ in runs.runs):  # the first step (rows only leave later)
+                self._call_adapters = tuple(dict.fromkeys([*known, *(name for name, _, _ in runs.runs)]))
                 self._stacks.clear()
         inner = self.inner
         hidden = inner.embed_tokens(ids)[:, 0]  # [B, H]; the module call keeps its hooks (benchmarks time from there)
@@ -277,6 +255,31 @@ class LeanDecoder:
         else:
             logits = self._linear(head, hidden, runs)
         return logits.float()
+
+
+class _StepRuns:
+    """One step's runs of rows per adapter, and its row masks (one per layout; local to
+    the step, so concurrent calls on one model never see each other's)."""
+
+    def __init__(self, runs: Sequence[tuple[str, int, int]]) -> None:
+        self.runs = runs
+        self._masks: dict[tuple[tuple[str, int], ...], torch.Tensor] = {}
+
+    def mask(self, layout: tuple[tuple[str, int], ...], x: torch.Tensor) -> torch.Tensor:
+        """``[rows, sum r]``: 1 where a row's adapter owns the column's block, else 0."""
+        mask = self._masks.get(layout)
+        if mask is None:
+            mask = torch.zeros(x.shape[0], sum(r for _, r in layout), dtype=x.dtype, device=x.device)
+            offsets, column = {}, 0
+            for name, r in layout:
+                offsets[name] = (column, column + r)
+                column += r
+            for name, start, stop in self.runs:
+                if name in offsets:
+                    first, last = offsets[name]
+                    mask[start:stop, first:last] = 1
+            self._masks[layout] = mask
+        return mask
 
 
 class _StackedAdapters(NamedTuple):

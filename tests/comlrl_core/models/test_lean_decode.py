@@ -228,7 +228,7 @@ def _step_from(decoder, out, mask, positions, names, in_call: bool):
             decoder.end_call()
 
 
-def test_adapters_of_a_mixed_batch_are_stacked_with_the_same_logits(lora_team):
+def test_adapters_of_a_mixed_batch_are_stacked_with_the_same_logits(lora_team, monkeypatch):
     """Rows of two adapters in three runs: inside a sampling call each LoRA layer runs both
     adapters in two products (stacked, rows masked to their own block); the logits are
     those of the per-run path and of transformers' forward."""
@@ -239,7 +239,7 @@ def test_adapters_of_a_mixed_batch_are_stacked_with_the_same_logits(lora_team):
     assert decoder is not None
     built = []
     real = decoder._stacked
-    decoder._stacked = lambda module, dtype: built.append(real(module, dtype)) or built[-1]
+    monkeypatch.setattr(decoder, "_stacked", lambda module, dtype: built.append(real(module, dtype)) or built[-1])
     stacked = _step_from(decoder, out, mask, positions, names, in_call=True)
     assert built and all(s is not None and [n for n, _ in s.layout] == [a, b] for s in built)
     per_run = _step_from(decoder, out, mask, positions, names, in_call=False)
@@ -262,30 +262,33 @@ def test_stacked_adapters_are_rebuilt_for_each_call(lora_team):
     model, out, mask, positions = _mixed_adapter_setup(lora_team, names)
     decoder = lean_decode.lean_decoder(model)
     before = _step_from(decoder, out, mask, positions, names, in_call=True)
+    changed = [w for n, w in lora_team[1].named_parameters() if "lora_B" in n and f".{b}." in n]
+    saved = [w.detach().clone() for w in changed]
     with torch.no_grad():
-        for name, weight in lora_team[1].named_parameters():
-            if "lora_B" in name and f".{b}." in name:
-                weight.mul_(-2.0)
-    after = _step_from(decoder, out, mask, positions, names, in_call=True)
+        for weight in changed:
+            weight.mul_(-2.0)
+    try:
+        after = _step_from(decoder, out, mask, positions, names, in_call=True)
+        per_run = _step_from(decoder, out, mask, positions, names, in_call=False)
+    finally:  # the team is shared by this module's tests
+        with torch.no_grad():
+            for weight, value in zip(changed, saved, strict=True):
+                weight.copy_(value)
     assert not torch.allclose(before[1:], after[1:], atol=1e-3)  # agent b's rows see its new weights
-    torch.testing.assert_close(
-        after, _step_from(decoder, out, mask, positions, names, in_call=False), atol=1e-5, rtol=1e-5
-    )
+    torch.testing.assert_close(after, per_run, atol=1e-5, rtol=1e-5)
 
 
 def test_the_row_masks_follow_the_runs_of_each_step(lora_team):
-    """Once rows leave the batch the runs shrink: the masks are rebuilt for the new runs."""
+    """Each step's masks come from that step's runs (rows leave the batch between steps)."""
     a, b = (member.adapter_name for member in lora_team)
-    decoder = lean_decode.lean_decoder(lora_team[0].model)
-    decoder.start_call()
-    decoder._call_adapters = (a, b)
     x = torch.ones(4, 3)
     layout = ((a, 2), (b, 1))
-    first = decoder._row_mask(layout, [(a, 0, 1), (b, 1, 3), (a, 3, 4)], x)
-    assert first.tolist() == [[1, 1, 0], [0, 0, 1], [0, 0, 1], [1, 1, 0]]
-    later = decoder._row_mask(layout, [(b, 0, 2)], x[:2])
-    assert later.tolist() == [[0, 0, 1], [0, 0, 1]]
-    decoder.end_call()
+    first = lean_decode._StepRuns([(a, 0, 1), (b, 1, 3), (a, 3, 4)])
+    assert first.mask(layout, x).tolist() == [[1, 1, 0], [0, 0, 1], [0, 0, 1], [1, 1, 0]]
+    assert first.mask(layout, x) is first.mask(layout, x)  # built once per step and layout
+    later = lean_decode._StepRuns([(b, 0, 2)])
+    assert later.mask(layout, x[:2]).tolist() == [[0, 0, 1], [0, 0, 1]]
+    assert lean_decode._StepRuns([(b, 0, 1), ("__base__", 1, 2)]).mask(((b, 2),), x[:2]).tolist() == [[1, 1], [0, 0]]
 
 
 def test_an_adapter_with_active_dropout_keeps_the_per_run_path(lora_team):
