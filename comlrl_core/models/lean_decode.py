@@ -174,7 +174,7 @@ class LeanDecoder:
             if rows.dtype != lora_a.dtype:
                 rows = rows.to(lora_a.dtype)  # peft runs adapters in their own dtype
             dropout = module.lora_dropout[name]
-            if not isinstance(dropout, nn.Identity) and dropout.training and getattr(dropout, "p", 0) > 0:
+            if _dropout_active(dropout):
                 rows = dropout(rows)
             low = F.linear(rows, lora_a)  # [rows, r]
             target = result if whole else result[start:stop]
@@ -295,10 +295,14 @@ class _StackedAdapters(NamedTuple):
 def _plain_adapter(module: Any, name: str, dtype: torch.dtype) -> bool:
     """Adapter ``name`` of ``module`` computes ``B(A(x)) * scaling`` on ``dtype`` inputs
     (no active dropout, its weights in that dtype)."""
-    dropout = module.lora_dropout[name]
-    if not isinstance(dropout, nn.Identity) and dropout.training and getattr(dropout, "p", 0) > 0:
+    if _dropout_active(module.lora_dropout[name]):
         return False
     return module.lora_A[name].weight.dtype == dtype and module.lora_B[name].weight.dtype == dtype
+
+
+def _dropout_active(dropout: nn.Module) -> bool:
+    """Whether a LoRA dropout module changes its input (training mode, ``p > 0``)."""
+    return not isinstance(dropout, nn.Identity) and dropout.training and getattr(dropout, "p", 0) > 0
 
 
 def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
