@@ -17,7 +17,10 @@ others is the figure.
 
 With ``--comlrl-python``, each configuration also runs CoMLRL's ``MAGRPOTrainer``
 (bench/_comlrl_magrpo_worker.py, in that interpreter) at the same settings, and the
-ratio of step times is printed.
+ratio of step times is printed. This machine's speed drifts by 10-30% over minutes (the
+same two items of ours took 27.3 and 36.3 s ten minutes apart), so ``--rounds N`` runs both
+sides N times, taking turns at going first, and prints every round's ratio, their range
+and the ratio of the means.
 """
 
 from __future__ import annotations
@@ -112,6 +115,33 @@ def summarize(result: dict) -> str:
     )
 
 
+def side_order(round_index: int, with_comlrl: bool) -> list[str]:
+    """Who runs first in a round: CoMLRL in the first, third, ... round, ours in the others."""
+    if not with_comlrl:
+        return ["ours"]
+    return ["comlrl", "ours"] if round_index % 2 == 0 else ["ours", "comlrl"]
+
+
+def speedup_summary(rounds: list[dict], precision: str) -> str | None:
+    """Each round's speed-up (CoMLRL's mean step over ours), their range, and the ratio of
+    the means over all rounds; None when no round has both sides."""
+    pairs = [
+        (r["comlrl"]["step_mean_s"], r["ours"][precision]["step_mean_s"])
+        for r in rounds
+        if "step_mean_s" in r.get("comlrl", {}) and "step_mean_s" in r["ours"].get(precision, {})
+    ]
+    if not pairs:
+        return None
+    ratios = [theirs / ours for theirs, ours in pairs]
+    overall = sum(t for t, _ in pairs) / sum(o for _, o in pairs)
+    listed = ", ".join(f"{x:.2f}x" for x in ratios)
+    return (
+        f"speed-up by round {listed} (range {min(ratios):.2f}-{max(ratios):.2f}x); all rounds "
+        f"{overall:.2f}x (CoMLRL {sum(t for t, _ in pairs) / len(pairs):.2f} s, ours "
+        f"{sum(o for _, o in pairs) / len(pairs):.2f} s per task item)"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -139,8 +169,17 @@ def main() -> int:
         choices=["never", "phase", "micro_batch"],
         help="our runs' release_freed_memory option (default: the library's)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every configuration this many times, CoMLRL first in odd rounds and ours first in even ones "
+        "(a machine whose speed drifts weighs on both); prints each round's speed-up and their spread",
+    )
     ap.add_argument("--json", help="also write all results to this file")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.worker:
         spec = json.loads(args.worker)
         print("RESULT " + json.dumps(worker(spec)), flush=True)
@@ -168,26 +207,42 @@ def main() -> int:
                 "threads": args.threads,
             }
             label = f"{model_key:8s} {mode:4s}"
-            row = {"spec": spec, "ours": {}}
-            if args.comlrl_python:  # the baseline first, so a slow run of ours cannot starve it
-                theirs = run_subprocess(
-                    args.comlrl_python, os.path.join(HERE, "_comlrl_magrpo_worker.py"), spec, args.timeout
-                )
-                print(f"CoMLRL     {label} fp32      : {summarize(theirs)}", flush=True)
-                row["comlrl"] = theirs
-            for precision in precisions:
-                ours = run_subprocess(
-                    sys.executable, os.path.abspath(__file__), {**spec, "precision": precision}, args.timeout
-                )
-                print(f"comlrl-gym {label} {precision:10s}: {summarize(ours)}", flush=True)
-                row["ours"][precision] = ours
-                theirs = row.get("comlrl", {})
-                if "step_mean_s" in ours and "step_mean_s" in theirs:
-                    print(
-                        f"  speed-up {theirs['step_mean_s'] / ours['step_mean_s']:.2f}x, memory ratio "
-                        f"{ours['peak_rss_gib'] / theirs['peak_rss_gib']:.2f} (ours / CoMLRL)",
-                        flush=True,
-                    )
+            row: dict = {"spec": spec, "ours": {}, "rounds": []}
+            for round_index in range(args.rounds):
+                sides: dict = {"ours": {}}
+                for side in side_order(round_index, bool(args.comlrl_python)):
+                    if side == "comlrl":
+                        theirs = run_subprocess(
+                            args.comlrl_python, os.path.join(HERE, "_comlrl_magrpo_worker.py"), spec, args.timeout
+                        )
+                        print(f"CoMLRL     {label} fp32      : {summarize(theirs)}", flush=True)
+                        sides["comlrl"] = theirs
+                        continue
+                    for precision in precisions:
+                        ours = run_subprocess(
+                            sys.executable, os.path.abspath(__file__), {**spec, "precision": precision}, args.timeout
+                        )
+                        print(f"comlrl-gym {label} {precision:10s}: {summarize(ours)}", flush=True)
+                        sides["ours"][precision] = ours
+                theirs = sides.get("comlrl", {})
+                for precision, ours in sides["ours"].items():
+                    if "step_mean_s" in ours and "step_mean_s" in theirs:
+                        print(
+                            f"  round {round_index + 1}, {precision}: speed-up "
+                            f"{theirs['step_mean_s'] / ours['step_mean_s']:.2f}x, memory ratio "
+                            f"{ours['peak_rss_gib'] / theirs['peak_rss_gib']:.2f} (ours / CoMLRL)",
+                            flush=True,
+                        )
+                row["rounds"].append(sides)
+            # the first round under the keys of a one-round run
+            row["ours"] = row["rounds"][0]["ours"]
+            if "comlrl" in row["rounds"][0]:
+                row["comlrl"] = row["rounds"][0]["comlrl"]
+            if args.rounds > 1:
+                for precision in precisions:
+                    line = speedup_summary(row["rounds"], precision)
+                    if line:
+                        print(f"  {label} {precision}: {line}", flush=True)
             results.append(row)
     if args.json:
         with open(args.json, "w") as handle:
