@@ -207,7 +207,7 @@ def main() -> int:
                 "threads": args.threads,
             }
             label = f"{model_key:8s} {mode:4s}"
-            row: dict = {"spec": spec, "ours": {}, "rounds": []}
+            row: dict = {"spec": spec, "rounds": []}
             for round_index in range(args.rounds):
                 sides: dict = {"ours": {}}
                 for side in side_order(round_index, bool(args.comlrl_python)):

@@ -178,6 +178,16 @@ def _forward_logits(model: torch.nn.Module, inputs: dict, cache_name: str, cache
     return _forward_step(model, inputs, cache_name, cache)[1]
 
 
+def _fan_out(
+    mask: torch.Tensor, positions: torch.Tensor, adapters: dict[str, list[str]], num_samples: int
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[str]]]:
+    """Each input row's mask, positions and adapter name repeated for its ``num_samples``
+    samples (output rows prompt-major, as the fanned-out cache)."""
+    if adapters:
+        adapters = {"adapter_names": [a for a in adapters["adapter_names"] for _ in range(num_samples)]}
+    return mask.repeat_interleave(num_samples, dim=0), positions.repeat_interleave(num_samples, dim=0), adapters
+
+
 @torch.no_grad()
 def sample_tokens(
     model: torch.nn.Module,
@@ -278,10 +288,7 @@ def sample_tokens(
             if step == 0 and prefilled is not None:  # prefilled chunk by chunk: cache fanned out and reserved
                 cache, logits, mask = prefilled  # mask: the tokens the cache holds (see prefill)
                 if num_samples > 1:
-                    mask = mask.repeat_interleave(num_samples, dim=0)
-                    step_positions = step_positions.repeat_interleave(num_samples, dim=0)
-                    if adapters:
-                        adapters = {"adapter_names": [a for a in adapters["adapter_names"] for _ in range(num_samples)]}
+                    mask, step_positions, adapters = _fan_out(mask, step_positions, adapters, num_samples)
             else:
                 step_inputs: dict[str, Any] = {
                     "input_ids": step_ids,
@@ -304,10 +311,7 @@ def sample_tokens(
                 FORWARD_COUNTER.add(step_ids.shape[0])
             if step == 0 and num_samples > 1 and prefilled is None:
                 # the prompt prefill (the long pass) ran once per prompt; fan out to samples
-                mask = mask.repeat_interleave(num_samples, dim=0)
-                step_positions = step_positions.repeat_interleave(num_samples, dim=0)
-                if adapters:
-                    adapters = {"adapter_names": [a for a in adapters["adapter_names"] for _ in range(num_samples)]}
+                mask, step_positions, adapters = _fan_out(mask, step_positions, adapters, num_samples)
                 cache = repeat_cache_rows(cache, num_samples)
                 if cache is None:  # unknown cache layout: prefill the repeated prompts instead
                     outputs = model(
