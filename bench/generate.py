@@ -492,6 +492,19 @@ def target_lines(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
+def layout_lines() -> list[str]:
+    """How our sampler's fp32 weight layout was chosen in this process (measured, or forced
+    through the environment); nothing for a run without a measurement."""
+    from comlrl_core.models.cpu import fp32_layout
+
+    forced = os.environ.get(fp32_layout.ENV_VAR)
+    lines = [f"our fp32 weight layout forced: {fp32_layout.ENV_VAR}={forced}"] if forced else []
+    for m in fp32_layout.measured():
+        verdict = "oneDNN-packed" if m.faster() else "plain (MKL)"
+        lines.append(f"our fp32 weight layout, measured at {m.describe()} -> {verdict}")
+    return lines
+
+
 def cpu_model() -> str:
     """``lscpu``'s model name (the figure docs quote), else /proc/cpuinfo's."""
     try:
@@ -599,6 +612,7 @@ def main(argv: Sequence[str] | None = None, log: Callable[[str], None] | None = 
         f"ceiling at batch B: B / max((weight bytes + B rows' cached keys and values) / bandwidth, "
         f"2 * params * B / GEMM rate); serial: the sum; "
         f"bandwidth = the better of copy and matrix read ({hw.bandwidth_gb_s:.1f} GB/s)",
+        *layout_lines(),
         "",
         *format_table(rows),
         "",

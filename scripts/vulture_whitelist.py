@@ -18,6 +18,7 @@ from comlrl_core._moved import _MovedModuleFinder
 from comlrl_core.episodes.evaluation import TaskResult
 from comlrl_core.episodes.intervals import DiffInterval
 from comlrl_core.models.cpu.allocator import preload_env
+from comlrl_core.models.cpu.fp32_layout import measured
 from comlrl_core.models.model_source import known_aliases
 from comlrl_core.models.team import Team
 from comlrl_core.policy import Policy
@@ -104,3 +105,6 @@ build_tree
 # Public: the environment that starts a child process on tcmalloc / jemalloc (bench/memory_probe.py
 # and users' launchers; bench/ is not scanned).
 preload_env
+# Public: the fp32 layout measurements of this process (bench/generate.py prints them; bench/
+# is not scanned).
+measured

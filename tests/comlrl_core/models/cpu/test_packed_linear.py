@@ -166,7 +166,7 @@ def test_an_op_failing_while_decoding_switches_packing_off(fresh_probes, monkeyp
     with caplog.at_level("WARNING", logger=packed_linear.__name__):
         assert _samples(policy) == expected  # every failed call went to the plain layer
         assert _samples(policy) == expected
-    assert torch.float32 in packed_linear._broken
+    assert packed_linear.FP32_MKL in packed_linear._broken
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "off from now on" in warnings[0]
     with packed_linear.prepacked_linears(policy.model, rows=6) as active:

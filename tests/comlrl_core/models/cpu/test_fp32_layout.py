@@ -1,0 +1,249 @@
+"""The fp32 weight layout for decoding, chosen by measurement (comlrl_core.models.cpu.fp32_layout)
+and used by the packed layers (comlrl_core.models.cpu.packed_linear)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from comlrl_core.models.cpu import fp32_layout, packed_linear
+from comlrl_core.models.hf_policy import TransformersPolicy
+from comlrl_core.policy import GenerationConfig
+
+PROMPTS = ["def add(a, b):", "Write a story about a team", "x"]
+
+
+def _onednn_available() -> bool:
+    return packed_linear._available(packed_linear.FP32_ONEDNN)
+
+
+needs_onednn = pytest.mark.skipif(not _onednn_available(), reason="no oneDNN fp32 linear in this torch build")
+
+
+@pytest.fixture(autouse=True)
+def fresh_measurements(monkeypatch):
+    """Each test starts measuring (``auto``), without measurements, and leaves none behind."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "auto")
+    monkeypatch.setattr(fp32_layout, "_measured", {})
+    yield
+    packed_linear._broken.discard(packed_linear.FP32_ONEDNN)
+
+
+def test_row_classes():
+    assert [fp32_layout.row_class(r) for r in (0, 1, 2, 7, 8, 16, 500)] == [1, 1, 4, 4, 16, 16, 16]
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", "mkl"), ("auto", None), ("MKL", "mkl"), (" onednn ", "onednn")])
+def test_the_environment_forces_a_layout(monkeypatch, value, expected):
+    monkeypatch.setenv(fp32_layout.ENV_VAR, value)
+    assert fp32_layout.forced_layout() == expected
+    if expected is not None:  # forced even for weights too small to measure
+        assert fp32_layout.layout_for([torch.zeros(4, 4)], rows=1, new_tokens=8) == expected
+
+
+def test_an_unknown_forced_layout_names_the_variable_and_the_choices(monkeypatch):
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "mkldnn")
+    with pytest.raises(ValueError, match=r"COMLRL_FP32_LAYOUT='mkldnn'.*'mkl' \(the default\), 'onednn' or 'auto'"):
+        fp32_layout.layout_for([torch.zeros(4, 4)], rows=1, new_tokens=8)
+
+
+def test_small_models_keep_mkl_without_measuring(monkeypatch):
+    monkeypatch.setattr(fp32_layout, "measure", _must_not_measure)
+    weights = [torch.zeros(64, 64)] * 10
+    assert fp32_layout.layout_for(weights, rows=16, new_tokens=100) == "mkl"
+    assert fp32_layout.measured() == []
+
+
+def _must_not_measure(weights, rows):
+    raise AssertionError("measured a model below MEASURE_MIN_BYTES")
+
+
+def _fake_measure(plain_ms: float, packed_ms: float, pack_ms: float, calls: list[int]):
+    def measure(weights, rows):
+        calls.append(rows)
+        return fp32_layout.Measurement(rows, plain_ms, packed_ms, pack_ms, 1.0, torch.get_num_threads())
+
+    return measure
+
+
+@pytest.mark.parametrize(
+    ("plain_ms", "packed_ms", "pack_ms", "new_tokens", "expected"),
+    [
+        (60.0, 27.0, 200.0, 48, "onednn"),  # 33 ms a step x 48 steps > 200 ms of packing
+        (60.0, 27.0, 200.0, 6, "mkl"),  # 6 steps do not win the packing back
+        (60.0, 27.0, 200.0, None, "onednn"),  # call length unknown: assumed to pay
+        (28.2, 27.8, 200.0, 1000, "mkl"),  # 1% faster: noise, not a reason to pack
+        (13.4, 21.1, 200.0, 1000, "mkl"),  # slower (a Xeon at one row)
+    ],
+)
+def test_the_choice_follows_the_measurement(monkeypatch, plain_ms, packed_ms, pack_ms, new_tokens, expected):
+    calls: list[int] = []
+    monkeypatch.setattr(fp32_layout, "measure", _fake_measure(plain_ms, packed_ms, pack_ms, calls))
+    monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
+    weights = [torch.zeros(8, 8)]
+    assert fp32_layout.layout_for(weights, rows=16, new_tokens=new_tokens) == expected
+    assert calls == [16]
+
+
+def test_one_measurement_per_row_class_and_weight_shapes(monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(fp32_layout, "measure", _fake_measure(60.0, 27.0, 1.0, calls))
+    monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
+    weights = [torch.zeros(8, 8), torch.zeros(16, 8)]
+    for rows in (16, 9, 12, 3, 5, 1, 1, 16):
+        fp32_layout.layout_for(weights, rows=rows, new_tokens=48)
+    assert calls == [16, 4, 1]
+    fp32_layout.layout_for([torch.zeros(8, 8)], rows=16, new_tokens=48)  # another model's shapes
+    assert calls == [16, 4, 1, 16]
+    assert [m.rows for m in fp32_layout.measured()] == [16, 4, 1, 16]
+
+
+@needs_onednn
+def test_a_real_measurement_times_both_layouts():
+    weights = [torch.randn(96, 64), torch.randn(64, 96)]
+    m = fp32_layout.measure(weights, rows=4)
+    assert m.rows == 4 and m.threads == torch.get_num_threads()
+    assert m.plain_ms > 0 and m.packed_ms > 0 and m.pack_ms > 0
+    assert m.weight_mb == pytest.approx((96 * 64 * 2) * 4 / 1e6)
+    assert "4 row(s)" in m.describe() and "oneDNN-packed" in m.describe()
+
+
+@needs_onednn
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    packed_for=st.sampled_from([1, 4, 16]),
+    leading=st.sampled_from([(), (2,)]),
+    bias=st.booleans(),
+)
+def test_one_packing_serves_every_row_count(rows, packed_for, leading, bias):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(48, 32, generator=gen)
+    b = torch.randn(48, generator=gen) if bias else None
+    x = torch.randn(*leading, rows, 32, generator=gen)
+    packed = fp32_layout.onednn_pack(weight, packed_for)
+    out = fp32_layout.onednn_linear(x, packed, b)
+    assert out.shape == (*leading, rows, 48)
+    assert torch.allclose(out, F.linear(x, weight, b), atol=1e-5, rtol=1e-5)
+
+
+# -- the packed layers in the oneDNN layout --------------------------------------------------
+
+
+def _policy() -> TransformersPolicy:
+    torch.manual_seed(0)
+    return TransformersPolicy.from_source("tiny-random", device="cpu")
+
+
+def _samples(policy: TransformersPolicy, temperature: float = 0.0) -> list[list[list[int]]]:
+    cfg = GenerationConfig(max_new_tokens=8, temperature=temperature)
+    out = policy.generate(PROMPTS, num_samples=2, generation_config=cfg, seed=3)
+    return [[c.token_ids for c in row] for row in out]
+
+
+@needs_onednn
+def test_forced_onednn_packs_every_layer_with_the_same_logits(monkeypatch):
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    policy = _policy()
+    linears = [m for m in policy.model.modules() if isinstance(m, torch.nn.Linear)]
+    packable = [m for m in linears if packed_linear._packable(m, packed_linear.FP32_ONEDNN)]
+    assert len(packable) > len(linears) // 2  # all but the tiny model's narrow k/v projections
+    ids = torch.randint(5, 100, (3, 7))
+    with torch.no_grad():
+        plain = policy.model(input_ids=ids).logits
+        with packed_linear.prepacked_linears(policy.model, rows=21, new_tokens=8) as active:
+            assert active
+            forwards = [m.__dict__.get("forward") for m in packable]
+            assert all(isinstance(f, packed_linear._PackedForward) for f in forwards)
+            assert {f.format for f in forwards} == {packed_linear.FP32_ONEDNN}
+            assert not any("forward" in m.__dict__ for m in linears if m not in packable)
+            packed = policy.model(input_ids=ids).logits  # 21 rows: packed at this pass
+            assert all(f.packed is not None for f in forwards)
+    assert not any("forward" in m.__dict__ for m in linears)
+    assert torch.allclose(plain, packed, atol=1e-4)
+
+
+@needs_onednn
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_samples_are_the_same_in_either_layout(monkeypatch, temperature):
+    policy = _policy()
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "mkl")
+    mkl = _samples(policy, temperature)
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    assert _samples(policy, temperature) == mkl
+
+
+@needs_onednn
+def test_a_measured_win_packs_in_onednn(monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(fp32_layout, "measure", _fake_measure(60.0, 27.0, 1.0, calls))
+    monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
+    policy = _policy()
+    assert packed_linear.packed_format_for(policy.model, rows=16, new_tokens=48) == packed_linear.FP32_ONEDNN
+    assert calls == [16]
+    # a measured loss keeps the MKL route (the vocabulary projection packed where it pays)
+    monkeypatch.setattr(fp32_layout, "_measured", {})
+    monkeypatch.setattr(fp32_layout, "measure", _fake_measure(27.0, 60.0, 1.0, calls))
+    assert packed_linear.packed_format_for(policy.model, rows=16, new_tokens=64) == packed_linear.FP32_MKL
+    assert packed_linear.packed_format_for(policy.model, rows=16, new_tokens=8) is None  # MKL's rule: too short
+
+
+@needs_onednn
+def test_a_failing_onednn_op_switches_that_layout_off_with_the_same_samples(monkeypatch, caplog):
+    policy = _policy()
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    expected = _samples(policy)
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("private op changed its schema")
+
+    monkeypatch.setattr(fp32_layout, "onednn_linear", raising)
+    with caplog.at_level("WARNING", logger=packed_linear.__name__):
+        assert _samples(policy) == expected
+    assert packed_linear.FP32_ONEDNN in packed_linear._broken
+    assert "fp32-onednn linear weights are off from now on" in caplog.text
+    assert packed_linear.packed_format_for(policy.model, rows=6, new_tokens=None) != packed_linear.FP32_ONEDNN
+
+
+@needs_onednn
+def test_the_prefill_runs_plain_and_the_first_decoding_pass_packs(monkeypatch):
+    """oneDNN packing is paid at the first pass of decoding size, not by the prefill."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    packs: list[tuple[int, ...]] = []
+    real_pack = fp32_layout.onednn_pack
+
+    def counting_pack(weight, rows):
+        packs.append(tuple(weight.shape))
+        return real_pack(weight, rows)
+
+    monkeypatch.setattr(fp32_layout, "onednn_pack", counting_pack)
+    layer = torch.nn.Linear(64, 96)
+    with torch.no_grad(), packed_linear.prepacked_linears(layer, rows=4, new_tokens=8) as active:
+        assert active
+        prefill = torch.randn(2, 40, 64)  # 80 rows: more than the call decodes, and more than 64
+        assert torch.allclose(layer(prefill), F.linear(prefill, layer.weight, layer.bias), atol=1e-5)
+        assert packs == []
+        step = torch.randn(4, 64)
+        assert torch.allclose(layer(step), F.linear(step, layer.weight, layer.bias), atol=1e-5)
+        assert torch.allclose(layer(step[:1]), F.linear(step[:1], layer.weight, layer.bias), atol=1e-5)
+        assert torch.allclose(layer(prefill), F.linear(prefill, layer.weight, layer.bias), atol=1e-5)
+    assert packs == [(96, 64)]  # once, then every row count on the same packing
+
+
+def test_low_rank_factors_are_not_packed_in_onednn():
+    factor = torch.nn.Linear(576, 8, bias=False)  # a LoRA A matrix
+    square = torch.nn.Linear(576, 576)
+    assert not packed_linear._packable(factor, packed_linear.FP32_ONEDNN)
+    assert packed_linear._packable(square, packed_linear.FP32_ONEDNN)
+    assert packed_linear._packable(factor, packed_linear.BF16)  # bf16 packs every layer, as before
+
+
+def test_unset_keeps_mkl_without_measuring(monkeypatch):
+    """oneDNN's copies raised the main job's peak over its budget: off unless asked for."""
+    monkeypatch.delenv(fp32_layout.ENV_VAR)
+    monkeypatch.setattr(fp32_layout, "measure", _must_not_measure)
+    monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
+    assert fp32_layout.layout_for([torch.zeros(64, 64)], rows=16, new_tokens=100) == "mkl"
