@@ -493,15 +493,13 @@ def target_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def layout_lines() -> list[str]:
-    """How our sampler's fp32 weight layout was chosen in this process (measured, or forced
-    through the environment); nothing for a run without a measurement."""
+    """How our sampler's fp32 weight layout was chosen in this process (the environment's
+    setting, what was measured); nothing for a run on the default."""
     from comlrl_core.models.cpu import fp32_layout
 
-    forced = os.environ.get(fp32_layout.ENV_VAR)
-    lines = [f"our fp32 weight layout forced: {fp32_layout.ENV_VAR}={forced}"] if forced else []
-    for m in fp32_layout.measured():
-        verdict = "oneDNN-packed" if m.faster() else "plain (MKL)"
-        lines.append(f"our fp32 weight layout, measured at {m.describe()} -> {verdict}")
+    setting = os.environ.get(fp32_layout.ENV_VAR)
+    lines = [f"our fp32 weight layout: {fp32_layout.ENV_VAR}={setting}"] if setting else []
+    lines += [f"our fp32 weight layout, measured at {m.describe()} -> {m.verdict}" for m in fp32_layout.measured()]
     return lines
 
 

@@ -81,6 +81,10 @@ class Measurement:
         """oneDNN saves at least MIN_SAVING of a pass."""
         return self.packed_ms <= (1.0 - MIN_SAVING) * self.plain_ms
 
+    @property
+    def verdict(self) -> str:
+        return "oneDNN-packed" if self.faster() else "plain (MKL)"
+
     def describe(self) -> str:
         return (
             f"{self.rows} row(s), {self.weight_mb:.0f} MB of weights, {self.threads} thread(s): "
@@ -162,8 +166,7 @@ def layout_for(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | Non
     found = _measured.get(key)
     if found is None:
         found = _measured[key] = measure(weights, measured_rows)
-        verdict = "oneDNN-packed" if found.faster() else "plain (MKL)"
-        logger.info("fp32 decoding layout measured, %s -> %s", found.describe(), verdict)
+        logger.info("fp32 decoding layout measured, %s -> %s", found.describe(), found.verdict)
     if not found.faster():
         return "mkl"
     if new_tokens is not None and found.saving_ms * new_tokens < found.pack_ms:

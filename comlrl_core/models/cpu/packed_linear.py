@@ -59,6 +59,9 @@ FP32_MIN_WEIGHT_ELEMENTS = 1 << 22
 # products are too small for the layout to matter (the lean decoding step calls their
 # weights directly anyway)
 _ONEDNN_MIN_SIDE = 64
+# a pass of at most this many rows (or the call's decoding rows) packs a oneDNN layer; wider
+# passes before it (the prefill) run plain
+_ONEDNN_PACK_MAX_ROWS = 64
 
 # the packed formats: oneDNN bf16 (under bf16 autocast or for bf16 weights), MKL fp32, oneDNN fp32
 BF16 = "bf16-onednn"
@@ -103,13 +106,13 @@ class _PackedForward:
             return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, self.bias, "none", [], "")
         if x.dtype != torch.float32:
             return self.original(x)
+        rows = x.numel() // x.shape[-1]
         if self.format == FP32_ONEDNN:  # one packing serves every row count
             if self.packed is None:
-                if x.numel() // x.shape[-1] > max(self.rows, 64):
+                if rows > max(self.rows, _ONEDNN_PACK_MAX_ROWS):  # a prefill pass: plain
                     return self.original(x)
                 self.packed = fp32_layout.onednn_pack(self.layer.weight.detach(), self.rows)
             return fp32_layout.onednn_linear(x, self.packed, self.bias)
-        rows = x.numel() // x.shape[-1]
         if rows != self.rows:  # MKL's packing is for one row count
             return self.original(x)
         out = torch.ops.mkl._mkl_linear(x.reshape(rows, -1), self.packed, self.weight, self.bias, rows)
@@ -233,7 +236,8 @@ def packed_format_for(model: nn.Module, rows: int, new_tokens: int | None) -> st
         return None if new_tokens is not None and not packing_pays(rows, new_tokens) else BF16
     if dtype != torch.float32:
         return None
-    if _available(FP32_ONEDNN):
+    # the layout's default (MKL) skips the oneDNN probe and the walk over the layers
+    if fp32_layout.forced_layout() != "mkl" and _available(FP32_ONEDNN):
         weights = [m.weight for m in model.modules() if _packable(m, FP32_ONEDNN)]
         if fp32_layout.layout_for(weights, rows, new_tokens) == "onednn":
             return FP32_ONEDNN
