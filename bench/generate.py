@@ -493,8 +493,8 @@ def target_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def layout_lines() -> list[str]:
-    """How our sampler's fp32 weight layout was chosen in this process (the environment's
-    setting, what was measured); nothing for a run on the default."""
+    """How our sampler's fp32 weight layout was chosen in this process: the environment's
+    setting where one is given, and what was measured (the default measures)."""
     from comlrl_core.models.cpu import fp32_layout
 
     setting = os.environ.get(fp32_layout.ENV_VAR)

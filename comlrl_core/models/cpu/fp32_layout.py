@@ -21,16 +21,17 @@ Xeon (AMX)          13.4 -> 21.1 ms 19.1 -> 20.3 ms 28.2 -> 27.8 ms
 ==================  ==============  ==============  ==============
 
 So nothing is assumed. The first call of a row-count class (1 row, 2-7, 8 or more) times one
-pass over the model's own weights each way, taking turns, best of three. The answer is kept
-for the process. oneDNN is used where it saves at least :data:`MIN_SAVING` of a pass and
-the saving over the call's tokens exceeds the measured packing time. Models whose linear
+pass over a sample of the model's own weights (:func:`measured_sample`: the first
+:data:`MEASURE_SAMPLE_BYTES`, whole blocks) each way, taking turns, best of three. The answer
+is kept for the process. oneDNN is used where it saves at least :data:`MIN_SAVING` of a pass
+and the saving over the call's tokens exceeds the measured packing time. Models whose linear
 weights total less than :data:`MEASURE_MIN_BYTES` keep ``"mkl"`` without measuring: too
 small for the choice to matter, and small test models stay deterministic.
 
-Opt-in for now: ``COMLRL_FP32_LAYOUT=auto`` measures as above; ``=onednn`` forces oneDNN;
-unset (or ``=mkl``) keeps MKL. The packed copies cost the layers' size while a call runs,
-and with them the main job peaked at 2.81 GiB RSS on an AMD EPYC (2026-12-06), over the
-2.5 GiB it must stay under; until the copies fit in that budget, the default leaves them off.
+The default (``COMLRL_FP32_LAYOUT`` unset, or ``=auto``) measures as above; ``=onednn``
+forces oneDNN, ``=mkl`` keeps MKL. While a call runs, a packed copy replaces its layer's
+plain weight (``packed_linear``), so the layout costs no memory beyond the weights tied to
+another module (the output layer tied to the embeddings) and the measurement's sample.
 
 Public API::
 
@@ -58,6 +59,9 @@ Layout = Literal["mkl", "onednn"]
 MIN_SAVING = 0.10
 # models with fewer bytes of linear weights keep "mkl" unmeasured
 MEASURE_MIN_BYTES = 64 << 20
+# a measurement times (and packs copies of) this much of the model's weights, not all: the
+# copies are transient memory, and 128 MB is several times any last-level cache we met
+MEASURE_SAMPLE_BYTES = 128 << 20
 ENV_VAR = "COMLRL_FP32_LAYOUT"
 _REPEATS = 3
 
@@ -101,9 +105,42 @@ def onednn_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, max(rows, 1))
 
 
+# oneDNN compiles a kernel for every input row count it meets and keeps it for the process
+# (~0.6 MiB each for SmolLM2's layer shapes; a main job meets every count as rows finish).
+# Rows are padded up to one of these counts (or a multiple of the last step past them), so
+# a process keeps a few dozen kernels; the steps are fine because a decoding product's time
+# grows with its rows (SmolLM2, AMD EPYC: 13 rows 37.7 ms a pass, 16 rows 42.9 ms).
+ONEDNN_ROW_COUNTS = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+ONEDNN_ROW_STEP = 16
+# a padded input per (rows, features): reused, so padding costs one row copy, not an allocation
+_padded_inputs: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+
+
+def onednn_rows(rows: int) -> int:
+    """The row count :func:`onednn_linear` runs ``rows`` input rows at."""
+    for count in ONEDNN_ROW_COUNTS:
+        if rows <= count:
+            return count
+    return -(-rows // ONEDNN_ROW_STEP) * ONEDNN_ROW_STEP
+
+
 def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T + bias`` on a weight from :func:`onednn_pack` (any row count)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    """``x @ weight.T + bias`` on a weight from :func:`onednn_pack` (any row count; run
+    at :func:`onednn_rows` rows, the padding rows' outputs dropped)."""
+    features = x.shape[-1]
+    rows = x.numel() // features
+    padded = _PADDED_ROWS[rows] if rows < len(_PADDED_ROWS) else onednn_rows(rows)
+    if padded == rows:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    buffer = _padded_inputs.get((padded, features, x.dtype))
+    if buffer is None:
+        buffer = _padded_inputs[(padded, features, x.dtype)] = x.new_zeros(padded, features)
+    buffer[:rows].copy_(x.view(rows, features))  # the rows past them: finite leftovers, dropped
+    out = torch.ops.mkldnn._linear_pointwise(buffer, packed, bias, "none", [], "")[:rows]
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+
+
+_PADDED_ROWS = [onednn_rows(rows) for rows in range(ONEDNN_ROW_COUNTS[-1] + 1)]
 
 
 def row_class(rows: int) -> int:
@@ -112,14 +149,12 @@ def row_class(rows: int) -> int:
 
 
 def forced_layout() -> Layout | None:
-    """The layout the environment forces (unset: ``"mkl"``, the default), or None (``auto``: measure)."""
+    """The layout the environment forces, or None (unset or ``auto``, the default: measure)."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value == "auto":
+    if value in ("", "auto"):
         return None
-    if value == "":
-        return "mkl"
     if value not in ("mkl", "onednn"):
-        raise ValueError(f"{ENV_VAR}={value!r}: use 'mkl' (the default), 'onednn' or 'auto' (measure)")
+        raise ValueError(f"{ENV_VAR}={value!r}: use 'auto' (the default: measure), 'mkl' or 'onednn'")
     return "mkl" if value == "mkl" else "onednn"
 
 
@@ -128,6 +163,19 @@ def _timed_pass(fn: Any, operands: Sequence[tuple[torch.Tensor, Any, torch.Tenso
     for x, weight, bias in operands:
         fn(x, weight, bias)
     return (time.perf_counter() - start) * 1e3
+
+
+def measured_sample(weights: Sequence[torch.Tensor], max_bytes: int = MEASURE_SAMPLE_BYTES) -> list[torch.Tensor]:
+    """The first weights, in model order, that reach ``max_bytes`` (at least one): whole
+    blocks of every shape, with packed copies that stay well under the model's size."""
+    sample: list[torch.Tensor] = []
+    total = 0
+    for weight in weights:
+        if sample and total >= max_bytes:
+            break
+        sample.append(weight)
+        total += weight.numel() * weight.element_size()
+    return sample
 
 
 def measure(weights: Sequence[torch.Tensor], rows: int) -> Measurement:
@@ -165,7 +213,8 @@ def layout_for(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | Non
     key = (tuple(tuple(w.shape) for w in weights), measured_rows, torch.get_num_threads())
     found = _measured.get(key)
     if found is None:
-        found = _measured[key] = measure(weights, measured_rows)
+        # the decision compares ratios (speed, packing per saving), which a sample keeps
+        found = _measured[key] = measure(measured_sample(weights), measured_rows)
         logger.info("fp32 decoding layout measured, %s -> %s", found.describe(), found.verdict)
     if not found.faster():
         return "mkl"

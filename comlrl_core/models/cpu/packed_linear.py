@@ -24,19 +24,25 @@ hooks: offloading, device maps) are never touched.
 In fp32 there are two packed formats, and which one pays depends on the CPU: MKL's (the
 vocabulary projection only, as above) or oneDNN's blocked layout for every layer (one
 packing serves any row count; on an AMD EPYC it runs the layers' products 1.8-2.8x faster
-than plain MKL, on a Xeon no faster). With ``COMLRL_FP32_LAYOUT=auto``,
-:mod:`comlrl_core.models.cpu.fp32_layout` decides by measuring the model's own weights once
-per process and row-count class; unset, MKL's route is kept (the copies' memory, see there).
+than plain MKL, on a Xeon no faster). :mod:`comlrl_core.models.cpu.fp32_layout` decides by
+measuring the model's own weights once per process and row-count class (``COMLRL_FP32_LAYOUT``
+forces either). In oneDNN's format the packed copy replaces the plain weight of a layer
+whose weight no other module shares, from its first decoding pass to the end of the call:
+the plain values come back from the packed copy (an exact reordering) when the block ends,
+or earlier when a pass needs the plain layer (gradients on, a failing op). So the call holds
+each weight once.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
 from typing import Iterator, TypeGuard
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from comlrl_core.models.cpu import fp32_layout
@@ -75,9 +81,12 @@ _broken: set[str] = set()
 class _PackedForward:
     """Replacement ``forward`` of one linear layer while packing is active."""
 
-    def __init__(self, layer: nn.Linear, packed_format: str, rows: int) -> None:
+    def __init__(self, layer: nn.Linear, packed_format: str, rows: int, release_plain: bool = False) -> None:
         self.layer, self.original = layer, layer.forward
         self.format, self.rows = packed_format, rows
+        # oneDNN fp32: the packed copy stands in for a weight no other module shares (the
+        # plain values come back from it, an exact reordering), so the call holds it once
+        self.release_plain, self.released = release_plain and packed_format == FP32_ONEDNN, False
         weight = layer.weight.detach()
         bias = layer.bias.detach() if layer.bias is not None else None
         self.weight: torch.Tensor | None = None
@@ -94,12 +103,23 @@ class _PackedForward:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.format in _broken or (torch.is_grad_enabled() and (x.requires_grad or self.layer.weight.requires_grad)):
-            return self.original(x)
+            return self._plain_call(x)
         try:
             return self._packed_call(x)
         except Exception as exc:  # noqa: BLE001 - private ops: this call and the rest go plain
             _switch_off(self.format, exc)
-            return self.original(x)
+            return self._plain_call(x)
+
+    def _plain_call(self, x: torch.Tensor) -> torch.Tensor:
+        self.restore()
+        return self.original(x)
+
+    def restore(self) -> None:
+        """Put a released weight's plain values back (from the packed copy)."""
+        if self.released:
+            assert self.packed is not None
+            self.layer.weight.data = self.packed.to_dense()
+            self.released = False
 
     def _packed_call(self, x: torch.Tensor) -> torch.Tensor:
         if self.format == BF16:
@@ -107,11 +127,18 @@ class _PackedForward:
         if x.dtype != torch.float32:
             return self.original(x)
         rows = x.numel() // x.shape[-1]
-        if self.format == FP32_ONEDNN:  # one packing serves every row count
-            if self.packed is None:
-                if rows > max(self.rows, _ONEDNN_PACK_MAX_ROWS):  # a prefill pass: plain
+        if self.format == FP32_ONEDNN:  # one packing serves every decoding row count
+            if rows > max(self.rows, _ONEDNN_PACK_MAX_ROWS):
+                # a prefill pass runs plain: before the packing (paid where it is won back)
+                # and after it (oneDNN would keep a kernel for each prefill width it meets)
+                if self.packed is None or not self.released:
                     return self.original(x)
+                return F.linear(x, self.packed.to_dense(), self.bias)
+            if self.packed is None:
                 self.packed = fp32_layout.onednn_pack(self.layer.weight.detach(), self.rows)
+                if self.release_plain:
+                    self.layer.weight.data = torch.empty(0, dtype=self.layer.weight.dtype)
+                    self.released = True
             return fp32_layout.onednn_linear(x, self.packed, self.bias)
         if rows != self.rows:  # MKL's packing is for one row count
             return self.original(x)
@@ -257,11 +284,16 @@ def prepacked_linears(model: nn.Module, rows: int, new_tokens: int | None = None
     patched: list[nn.Linear] = []
     try:
         if packed_format is not None:
+            # a weight tied to another module (SmolLM2's lm_head and embeddings) keeps its
+            # plain values beside the packed copy: the other module reads them
+            uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
             try:
                 for module in model.modules():
                     if _packable(module, packed_format):
                         # an instance-level forward shadows nn.Linear.forward for this layer only
-                        module.__dict__["forward"] = _PackedForward(module, packed_format, rows)
+                        module.__dict__["forward"] = _PackedForward(
+                            module, packed_format, rows, release_plain=uses[id(module.weight)] == 1
+                        )
                         patched.append(module)
             except Exception as exc:  # noqa: BLE001 - private ops: fall back to the plain layers
                 _switch_off(packed_format, exc)
@@ -270,5 +302,17 @@ def prepacked_linears(model: nn.Module, rows: int, new_tokens: int | None = None
                 patched = []
         yield bool(patched)
     finally:
+        failed: Exception | None = None
         for module in patched:
+            try:
+                module.__dict__["forward"].restore()
+            except Exception as exc:  # noqa: BLE001 - the packed copy stays the layer's only copy
+                failed = failed or exc
+                continue
             del module.forward  # back to the class's forward
+        if failed is not None:
+            raise RuntimeError(
+                "could not put the plain weights back after a oneDNN-packed call; the affected "
+                "layers keep their packed copies (no-grad passes only). Set COMLRL_FP32_LAYOUT=mkl "
+                f"to avoid the packed layout: {type(failed).__name__}: {failed}"
+            ) from failed

@@ -36,7 +36,7 @@ def test_row_classes():
     assert [fp32_layout.row_class(r) for r in (0, 1, 2, 7, 8, 16, 500)] == [1, 1, 4, 4, 16, 16, 16]
 
 
-@pytest.mark.parametrize(("value", "expected"), [("", "mkl"), ("auto", None), ("MKL", "mkl"), (" onednn ", "onednn")])
+@pytest.mark.parametrize(("value", "expected"), [("", None), ("auto", None), ("MKL", "mkl"), (" onednn ", "onednn")])
 def test_the_environment_forces_a_layout(monkeypatch, value, expected):
     monkeypatch.setenv(fp32_layout.ENV_VAR, value)
     assert fp32_layout.forced_layout() == expected
@@ -46,7 +46,9 @@ def test_the_environment_forces_a_layout(monkeypatch, value, expected):
 
 def test_an_unknown_forced_layout_names_the_variable_and_the_choices(monkeypatch):
     monkeypatch.setenv(fp32_layout.ENV_VAR, "mkldnn")
-    with pytest.raises(ValueError, match=r"COMLRL_FP32_LAYOUT='mkldnn'.*'mkl' \(the default\), 'onednn' or 'auto'"):
+    with pytest.raises(
+        ValueError, match=r"COMLRL_FP32_LAYOUT='mkldnn'.*'auto' \(the default: measure\), 'mkl' or 'onednn'"
+    ):
         fp32_layout.layout_for([torch.zeros(4, 4)], rows=1, new_tokens=8)
 
 
@@ -114,7 +116,7 @@ def test_a_real_measurement_times_both_layouts():
 @needs_onednn
 @settings(max_examples=25, deadline=None)
 @given(
-    rows=st.integers(1, 40),
+    rows=st.integers(1, 90),  # padded counts (5, 13, 70...) and exact ones
     packed_for=st.sampled_from([1, 4, 16]),
     leading=st.sampled_from([(), (2,)]),
     bias=st.booleans(),
@@ -128,6 +130,45 @@ def test_one_packing_serves_every_row_count(rows, packed_for, leading, bias):
     out = fp32_layout.onednn_linear(x, packed, b)
     assert out.shape == (*leading, rows, 48)
     assert torch.allclose(out, F.linear(x, weight, b), atol=1e-5, rtol=1e-5)
+
+
+@given(rows=st.integers(1, 2000))
+def test_row_counts_are_padded_to_a_few_kernels(rows):
+    padded = fp32_layout.onednn_rows(rows)
+    assert rows <= padded and fp32_layout.onednn_rows(padded) == padded
+    if rows <= fp32_layout.ONEDNN_ROW_COUNTS[-1]:
+        assert padded in fp32_layout.ONEDNN_ROW_COUNTS
+    else:
+        assert padded % fp32_layout.ONEDNN_ROW_STEP == 0 and padded - rows < fp32_layout.ONEDNN_ROW_STEP
+
+
+@needs_onednn
+def test_a_pass_over_any_decoding_rows_meets_at_most_the_listed_row_counts(monkeypatch):
+    """oneDNN keeps a compiled kernel per row count for the process: rows 1-64 meet 18."""
+    seen: set[int] = set()
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Ops:
+        @staticmethod
+        def _linear_pointwise(x, *args):
+            seen.add(x.shape[0])
+            return real(x, *args)
+
+    packed = fp32_layout.onednn_pack(torch.randn(48, 32), 16)
+    monkeypatch.setattr(torch.ops, "mkldnn", Ops)
+    for rows in range(1, 65):
+        fp32_layout.onednn_linear(torch.randn(rows, 32), packed, None)
+    assert seen == set(fp32_layout.ONEDNN_ROW_COUNTS)
+
+
+@needs_onednn
+def test_padding_rows_left_over_from_a_wider_pass_do_not_leak_into_a_narrower_one():
+    weight = torch.randn(48, 32)
+    packed = fp32_layout.onednn_pack(weight, 16)
+    fp32_layout.onednn_linear(torch.full((14, 32), 1e6), packed, None)  # fills the 14-row buffer
+    x = torch.randn(13, 32)
+    out = fp32_layout.onednn_linear(x, packed, None)
+    assert out.shape == (13, 48) and torch.allclose(out, x @ weight.T, atol=1e-5)
 
 
 # -- the packed layers in the oneDNN layout --------------------------------------------------
@@ -221,16 +262,113 @@ def test_the_prefill_runs_plain_and_the_first_decoding_pass_packs(monkeypatch):
 
     monkeypatch.setattr(fp32_layout, "onednn_pack", counting_pack)
     layer = torch.nn.Linear(64, 96)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
     with torch.no_grad(), packed_linear.prepacked_linears(layer, rows=4, new_tokens=8) as active:
         assert active
         prefill = torch.randn(2, 40, 64)  # 80 rows: more than the call decodes, and more than 64
-        assert torch.allclose(layer(prefill), F.linear(prefill, layer.weight, layer.bias), atol=1e-5)
+        assert torch.allclose(layer(prefill), F.linear(prefill, weight, bias), atol=1e-5)
         assert packs == []
         step = torch.randn(4, 64)
-        assert torch.allclose(layer(step), F.linear(step, layer.weight, layer.bias), atol=1e-5)
-        assert torch.allclose(layer(step[:1]), F.linear(step[:1], layer.weight, layer.bias), atol=1e-5)
-        assert torch.allclose(layer(prefill), F.linear(prefill, layer.weight, layer.bias), atol=1e-5)
+        assert torch.allclose(layer(step), F.linear(step, weight, bias), atol=1e-5)
+        assert torch.allclose(layer(step[:1]), F.linear(step[:1], weight, bias), atol=1e-5)
+        assert torch.allclose(layer(prefill), F.linear(prefill, weight, bias), atol=1e-5)
     assert packs == [(96, 64)]  # once, then every row count on the same packing
+
+
+@needs_onednn
+def test_a_packed_weight_replaces_the_plain_one_until_the_call_ends(monkeypatch):
+    """The call holds an untied weight once (packed); its exact values come back at the end."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    layer = torch.nn.Linear(64, 96)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    param = layer.weight
+    step = torch.randn(4, 64)
+    with torch.no_grad(), packed_linear.prepacked_linears(layer, rows=4, new_tokens=8):
+        assert torch.allclose(layer(step), F.linear(step, weight, bias), atol=1e-5)
+        assert layer.weight.numel() == 0  # the plain storage is released while packed
+        assert layer.weight is param and layer.weight.dtype == torch.float32
+    assert layer.weight is param and torch.equal(layer.weight, weight)
+    assert param.requires_grad and "forward" not in layer.__dict__
+
+
+@needs_onednn
+def test_a_prefill_after_the_packing_runs_plain_on_the_released_weight(monkeypatch):
+    """oneDNN would keep a kernel for every prefill width: wide passes stay on the plain GEMM."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    layer = torch.nn.Linear(64, 96)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    widths: list[int] = []
+    real_linear = fp32_layout.onednn_linear
+
+    def recording_linear(x, packed, b):
+        widths.append(x.numel() // x.shape[-1])
+        return real_linear(x, packed, b)
+
+    monkeypatch.setattr(fp32_layout, "onednn_linear", recording_linear)
+    with torch.no_grad(), packed_linear.prepacked_linears(layer, rows=4, new_tokens=8):
+        layer(torch.randn(4, 64))  # packs, releases the plain weight
+        assert layer.weight.numel() == 0
+        prefill = torch.randn(3, 50, 64)  # 150 rows: a second prompt group's prefill
+        assert torch.allclose(layer(prefill), F.linear(prefill, weight, bias), atol=1e-5)
+        assert layer.weight.numel() == 0  # still released: the plain copy was temporary
+    assert widths == [4]
+    assert torch.equal(layer.weight.detach(), weight)
+
+
+@needs_onednn
+def test_a_tied_weight_keeps_its_plain_values_beside_the_packed_copy(monkeypatch):
+    """SmolLM2's lm_head shares the embeddings' weight: the embedding lookup must still work."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    embed, head = torch.nn.Embedding(96, 64), torch.nn.Linear(64, 96, bias=False)
+    head.weight = embed.weight
+    model = torch.nn.ModuleDict({"embed": embed, "head": head})
+    weight = embed.weight.detach().clone()
+    ids = torch.tensor([[3, 7, 11, 95]])
+    with torch.no_grad(), packed_linear.prepacked_linears(model, rows=4, new_tokens=8):
+        hidden = embed(ids)[0]
+        assert torch.allclose(head(hidden), hidden @ weight.T, atol=1e-5)
+        assert torch.equal(embed(ids)[0], weight[ids[0]])  # still the plain weight
+    assert torch.equal(embed.weight, weight) and head.weight is embed.weight
+
+
+@needs_onednn
+def test_a_pass_needing_the_plain_layer_gets_its_weight_back(monkeypatch):
+    """A pass with gradients inside the block (or after a failing op) runs the plain layer on
+    the restored values, and they are still exact after the block."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    layer = torch.nn.Linear(64, 96)
+    weight = layer.weight.detach().clone()
+    step = torch.randn(4, 64)
+    with packed_linear.prepacked_linears(layer, rows=4, new_tokens=8):
+        with torch.no_grad():
+            layer(step)
+        assert layer.weight.numel() == 0
+        out = layer(step)  # gradients on: the plain layer
+        out.sum().backward()
+        assert torch.equal(layer.weight.detach(), weight)
+        assert torch.allclose(layer.weight.grad, torch.ones(4, 96).T @ step, atol=1e-5)
+    assert torch.equal(layer.weight.detach(), weight)
+
+
+@needs_onednn
+def test_a_weight_that_cannot_be_restored_raises_and_keeps_its_packed_copy(monkeypatch):
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    layer = torch.nn.Linear(64, 96)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    step = torch.randn(4, 64)
+
+    def failing_restore(self):
+        raise MemoryError("no room")
+
+    with pytest.raises(RuntimeError, match="COMLRL_FP32_LAYOUT=mkl"):
+        with monkeypatch.context() as patch, torch.no_grad():
+            patch.setattr(packed_linear._PackedForward, "restore", failing_restore)
+            with packed_linear.prepacked_linears(layer, rows=4, new_tokens=8):
+                layer(step)
+    with torch.no_grad():  # the packed copy still serves, and gives the values back on demand
+        assert torch.allclose(layer(step), F.linear(step, weight, bias), atol=1e-5)
+    layer.__dict__["forward"].restore()
+    assert torch.equal(layer.weight.detach(), weight)
 
 
 def test_low_rank_factors_are_not_packed_in_onednn():
@@ -241,9 +379,35 @@ def test_low_rank_factors_are_not_packed_in_onednn():
     assert packed_linear._packable(factor, packed_linear.BF16)  # bf16 packs every layer, as before
 
 
-def test_unset_keeps_mkl_without_measuring(monkeypatch):
-    """oneDNN's copies raised the main job's peak over its budget: off unless asked for."""
+def test_unset_measures(monkeypatch):
+    """The default measures: where the packed layout wins it is used, without being asked for."""
     monkeypatch.delenv(fp32_layout.ENV_VAR)
-    monkeypatch.setattr(fp32_layout, "measure", _must_not_measure)
+    monkeypatch.setattr(fp32_layout, "measure", _onednn_wins)
     monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
-    assert fp32_layout.layout_for([torch.zeros(64, 64)], rows=16, new_tokens=100) == "mkl"
+    assert fp32_layout.layout_for([torch.zeros(64, 64)], rows=16, new_tokens=100) == "onednn"
+    assert len(fp32_layout.measured()) == 1
+
+
+def _onednn_wins(weights, rows):
+    return fp32_layout.Measurement(rows, 60.0, 27.0, 200.0, 1.0, 2)
+
+
+def test_a_measurement_packs_a_sample_of_the_weights_not_all(monkeypatch):
+    """The measurement's packed copies are transient memory: a sample of whole blocks."""
+    block = [torch.zeros(576, 576), torch.zeros(192, 576), torch.zeros(1536, 576)]  # 1.33, 0.44, 3.54 MB
+    weights = block * 40  # 212 MB
+    sample = fp32_layout.measured_sample(weights, max_bytes=20 << 20)
+    assert [id(w) for w in sample] == [id(w) for w in weights[: len(sample)]]
+    sampled = sum(w.numel() * 4 for w in sample)
+    assert 20 << 20 <= sampled < (20 << 20) + 576 * 1536 * 4  # reaches the cap by less than one weight
+    assert [id(w) for w in fp32_layout.measured_sample(weights[2:], max_bytes=1)] == [id(weights[2])]
+
+    passed: list[int] = []
+
+    def recording_measure(measured_weights, rows):
+        passed.append(sum(w.numel() * 4 for w in measured_weights))
+        return _onednn_wins(measured_weights, rows)
+
+    monkeypatch.setattr(fp32_layout, "measure", recording_measure)
+    assert fp32_layout.layout_for(weights, rows=16, new_tokens=100) == "onednn"
+    assert len(passed) == 1 and fp32_layout.MEASURE_SAMPLE_BYTES <= passed[0] < 140 << 20
