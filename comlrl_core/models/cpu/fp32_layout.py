@@ -7,8 +7,8 @@ fp32, with the same arithmetic up to summation order:
   plus MKL's packed copy of the vocabulary projection where a call is big enough
   (:mod:`comlrl_core.models.cpu.packed_linear`);
 - ``"onednn"``: every linear weight reordered once per sampling call into oneDNN's blocked
-  layout; one packing serves any row count. The copies cost the layers' size while the
-  call runs.
+  layout; one packing serves any row count. The packed copy stands in for the plain
+  weight while the call runs (``packed_linear``).
 
 Which is faster depends on the CPU, in either direction. SmolLM2-135M's 210 layer weights
 (425 MB), 2 threads, one pass, plain MKL -> oneDNN packed:
@@ -165,6 +165,10 @@ def _timed_pass(fn: Any, operands: Sequence[tuple[torch.Tensor, Any, torch.Tenso
     return (time.perf_counter() - start) * 1e3
 
 
+def _nbytes(weights: Sequence[torch.Tensor]) -> int:
+    return sum(w.numel() * w.element_size() for w in weights)
+
+
 def measured_sample(weights: Sequence[torch.Tensor], max_bytes: int = MEASURE_SAMPLE_BYTES) -> list[torch.Tensor]:
     """The first weights, in model order, that reach ``max_bytes`` (at least one): whole
     blocks of every shape, with packed copies that stay well under the model's size."""
@@ -174,7 +178,7 @@ def measured_sample(weights: Sequence[torch.Tensor], max_bytes: int = MEASURE_SA
         if sample and total >= max_bytes:
             break
         sample.append(weight)
-        total += weight.numel() * weight.element_size()
+        total += _nbytes([weight])
     return sample
 
 
@@ -197,7 +201,7 @@ def measure(weights: Sequence[torch.Tensor], rows: int) -> Measurement:
                     plain_ms = min(plain_ms, _timed_pass(F.linear, plain_ops))
                 else:
                     packed_ms = min(packed_ms, _timed_pass(onednn_linear, packed_ops))
-    weight_mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
+    weight_mb = _nbytes(weights) / 1e6
     return Measurement(rows, plain_ms, packed_ms, pack_ms, weight_mb, torch.get_num_threads())
 
 
@@ -207,7 +211,7 @@ def layout_for(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | Non
     forced = forced_layout()
     if forced is not None:
         return forced
-    if not weights or sum(w.numel() * w.element_size() for w in weights) < MEASURE_MIN_BYTES:
+    if not weights or _nbytes(weights) < MEASURE_MIN_BYTES:
         return "mkl"
     measured_rows = row_class(rows)
     key = (tuple(tuple(w.shape) for w in weights), measured_rows, torch.get_num_threads())

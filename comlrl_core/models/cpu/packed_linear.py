@@ -65,8 +65,8 @@ FP32_MIN_WEIGHT_ELEMENTS = 1 << 22
 # products are too small for the layout to matter (the lean decoding step calls their
 # weights directly anyway)
 _ONEDNN_MIN_SIDE = 64
-# a pass of at most this many rows (or the call's decoding rows) packs a oneDNN layer; wider
-# passes before it (the prefill) run plain
+# a pass of at most this many rows (or the call's decoding rows) runs on a oneDNN layer's
+# packed weight (packing it at the first such pass); wider passes (the prefill) run plain
 _ONEDNN_PACK_MAX_ROWS = 64
 
 # the packed formats: oneDNN bf16 (under bf16 autocast or for bf16 weights), MKL fp32, oneDNN fp32
@@ -263,7 +263,7 @@ def packed_format_for(model: nn.Module, rows: int, new_tokens: int | None) -> st
         return None if new_tokens is not None and not packing_pays(rows, new_tokens) else BF16
     if dtype != torch.float32:
         return None
-    # the layout's default (MKL) skips the oneDNN probe and the walk over the layers
+    # a forced MKL layout skips the oneDNN probe and the walk over the layers
     if fp32_layout.forced_layout() != "mkl" and _available(FP32_ONEDNN):
         weights = [m.weight for m in model.modules() if _packable(m, FP32_ONEDNN)]
         if fp32_layout.layout_for(weights, rows, new_tokens) == "onednn":
