@@ -21,6 +21,11 @@ ratio of step times is printed. This machine's speed drifts by 10-30% over minut
 same two items of ours took 27.3 and 36.3 s ten minutes apart), so ``--rounds N`` runs both
 sides N times, taking turns at going first, and prints every round's ratio, their range
 and the ratio of the means.
+
+At the issue's setting (SmolLM2 full fine-tuning, G=4, T=2, 48 tokens, buffer 2) it ends each
+configuration with issue 15's targets, each marked met / not met / not measured: at least
+3x CoMLRL's speed in fp32 (every round, or only on the means), and our peak RSS no higher
+than on the issue's day. The CPU model is printed first.
 """
 
 from __future__ import annotations
@@ -37,6 +42,20 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MODELS = {"tiny": "tiny-random", "smollm2": "smollm2-135m-instruct"}
+
+# Issue 15's target for this bench, at its setting only: MAGRPO full fine-tuning of SmolLM2
+# at least 3x faster than CoMLRL 1.4.3 per task item at equal precision (fp32 on both
+# sides), with a peak RSS no higher than ours on the issue's day (6.34 GiB, fp32).
+ISSUE_SETTING = {
+    "model": MODELS["smollm2"],
+    "mode": "full",
+    "G": 4,
+    "T": 2,
+    "max_new_tokens": 48,
+    "rollout_buffer_size": 2,
+}
+TARGET_SPEEDUP = 3.0
+ISSUE_DAY_PEAK_RSS_GIB = 6.34
 
 
 def worker(spec: dict) -> dict:
@@ -142,6 +161,46 @@ def speedup_summary(rounds: list[dict], precision: str) -> str | None:
     )
 
 
+def target_lines(spec: dict, rounds: list[dict]) -> list[str]:
+    """Issue 15's targets for one configuration's rounds, each marked met / not met / not
+    measured; empty when ``spec`` is not the issue's setting. Speed counts fp32 only (CoMLRL
+    runs fp32): met when every round is at least 3x, "met on the means" when only the ratio
+    of the means is."""
+    if any(spec.get(key) != value for key, value in ISSUE_SETTING.items()):
+        return []
+    label = f"MAGRPO vs CoMLRL at equal precision (fp32) >= {TARGET_SPEEDUP:g}x per task item"
+    release = spec.get("release_freed_memory", "phase")
+    if release != "phase":
+        label += f" (ours with release_freed_memory={release}, not the library's default)"
+    pairs = [
+        (r["comlrl"]["step_mean_s"], r["ours"]["fp32"]["step_mean_s"])
+        for r in rounds
+        if "step_mean_s" in r.get("comlrl", {}) and "step_mean_s" in r["ours"].get("fp32", {})
+    ]
+    lines = []
+    if not pairs:
+        lines.append(f"- {label}: not measured (pass --comlrl-python and keep fp32 in --precisions)")
+    else:
+        ratios = [theirs / ours for theirs, ours in pairs]
+        overall = sum(t for t, _ in pairs) / sum(o for _, o in pairs)
+        if min(ratios) >= TARGET_SPEEDUP:
+            verdict = "met"
+        elif overall >= TARGET_SPEEDUP:
+            verdict = "met on the means, not in every round"
+        else:
+            verdict = "not met"
+        spread = f", rounds {min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+        lines.append(f"- {label}: {overall:.2f}x ({len(ratios)} round(s){spread}) -> {verdict}")
+    peaks = [r["ours"]["fp32"]["peak_rss_gib"] for r in rounds if "peak_rss_gib" in r["ours"].get("fp32", {})]
+    memory = f"our peak RSS (fp32) no higher than on the issue's day, {ISSUE_DAY_PEAK_RSS_GIB:g} GiB"
+    if peaks:
+        worst = max(peaks)
+        lines.append(f"- {memory}: {worst:.2f} GiB -> {'met' if worst <= ISSUE_DAY_PEAK_RSS_GIB else 'not met'}")
+    else:
+        lines.append(f"- {memory}: not measured (keep fp32 in --precisions)")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -185,6 +244,11 @@ def main() -> int:
         print("RESULT " + json.dumps(worker(spec)), flush=True)
         return 0
 
+    if ROOT not in sys.path:  # run by any python, as the workers are (their PYTHONPATH)
+        sys.path.insert(0, ROOT)
+    from comlrl_core.models.precision import cpu_model_name
+
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} logical CPUs, {args.threads} threads", flush=True)
     results = []
     precisions = args.precisions.split(",")
     for name in precisions:
@@ -243,6 +307,9 @@ def main() -> int:
                     line = speedup_summary(row["rounds"], precision)
                     if line:
                         print(f"  {label} {precision}: {line}", flush=True)
+            targets = target_lines(spec, row["rounds"])
+            if targets:
+                print("targets (issue 15, this setting):\n" + "\n".join(targets), flush=True)
             results.append(row)
     if args.json:
         with open(args.json, "w") as handle:
