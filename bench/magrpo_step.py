@@ -141,18 +141,25 @@ def side_order(round_index: int, with_comlrl: bool) -> list[str]:
     return ["comlrl", "ours"] if round_index % 2 == 0 else ["ours", "comlrl"]
 
 
-def speedup_summary(rounds: list[dict], precision: str) -> str | None:
-    """Each round's speed-up (CoMLRL's mean step over ours), their range, and the ratio of
-    the means over all rounds; None when no round has both sides."""
+def round_speedups(rounds: list[dict], precision: str) -> tuple[list[tuple[float, float]], list[float], float]:
+    """The rounds with both sides: (CoMLRL's, ours) mean step each, each round's speed-up,
+    and the ratio of the means (NaN when no round has both sides)."""
     pairs = [
         (r["comlrl"]["step_mean_s"], r["ours"][precision]["step_mean_s"])
         for r in rounds
         if "step_mean_s" in r.get("comlrl", {}) and "step_mean_s" in r["ours"].get(precision, {})
     ]
+    ratios = [theirs / ours for theirs, ours in pairs]
+    overall = sum(t for t, _ in pairs) / sum(o for _, o in pairs) if pairs else float("nan")
+    return pairs, ratios, overall
+
+
+def speedup_summary(rounds: list[dict], precision: str) -> str | None:
+    """Each round's speed-up (CoMLRL's mean step over ours), their range, and the ratio of
+    the means over all rounds; None when no round has both sides."""
+    pairs, ratios, overall = round_speedups(rounds, precision)
     if not pairs:
         return None
-    ratios = [theirs / ours for theirs, ours in pairs]
-    overall = sum(t for t, _ in pairs) / sum(o for _, o in pairs)
     listed = ", ".join(f"{x:.2f}x" for x in ratios)
     return (
         f"speed-up by round {listed} (range {min(ratios):.2f}-{max(ratios):.2f}x); all rounds "
@@ -172,17 +179,11 @@ def target_lines(spec: dict, rounds: list[dict]) -> list[str]:
     release = spec.get("release_freed_memory", "phase")
     if release != "phase":
         label += f" (ours with release_freed_memory={release}, not the library's default)"
-    pairs = [
-        (r["comlrl"]["step_mean_s"], r["ours"]["fp32"]["step_mean_s"])
-        for r in rounds
-        if "step_mean_s" in r.get("comlrl", {}) and "step_mean_s" in r["ours"].get("fp32", {})
-    ]
+    pairs, ratios, overall = round_speedups(rounds, "fp32")
     lines = []
     if not pairs:
         lines.append(f"- {label}: not measured (pass --comlrl-python and keep fp32 in --precisions)")
     else:
-        ratios = [theirs / ours for theirs, ours in pairs]
-        overall = sum(t for t, _ in pairs) / sum(o for _, o in pairs)
         if min(ratios) >= TARGET_SPEEDUP:
             verdict = "met"
         elif overall >= TARGET_SPEEDUP:
