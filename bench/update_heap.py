@@ -4,10 +4,11 @@
 so the update that follows page-faults its memory in again. This times that update both
 ways, in turn, in one process: the heap kept from the previous update, or just released
 (``release_free_memory()``, what ``phase`` does). It prints seconds and minor page faults
-per update, and the cost per fault the pairs imply. The update is the bench's: one agent,
-one group (a prompt of ``--prompt-tokens`` and ``--samples`` completions of
-``--completion-tokens``, random token ids), the policy-gradient loss with the prompt
-encoded once, fused AdamW, inside ``retained_heap`` as ``train()`` runs it::
+per update, and the cost per fault the pairs imply. The update is the trainer's own
+(``learners.magrpo.update.update_agent`` with the learners' AdamW): one agent, one node
+group (a prompt of ``--prompt-tokens`` and ``--samples`` completions of
+``--completion-tokens``, random token ids and returns), inside ``retained_heap`` as
+``train()`` runs it::
 
     .venv/bin/python bench/update_heap.py                    # SmolLM2-135M, full fine-tuning
     .venv/bin/python bench/update_heap.py --model tiny-random --rounds 2
@@ -50,36 +51,37 @@ def main() -> int:
     from comlrl_core.models.cpu.memory_stats import release_free_memory
     from comlrl_core.models.precision import cpu_model_name
     from comlrl_core.models.team import Team
-    from learners.common.logprobs import accumulate_gradients
-    from learners.magrpo.losses import sequence_pg_loss
+    from learners.common.optim import adamw
+    from learners.magrpo.groups import NodeGroup
+    from learners.magrpo.update import update_agent
 
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_model_name()}; {args.threads} thread(s); torch {torch.__version__}")
     policy = Team.from_specs([AgentSpec(args.model, lora=False, device="cpu")]).policies[0]
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-6, fused=True)
+    optimizer = adamw([p for p in policy.model.parameters() if p.requires_grad], lr=1e-6)
     vocab = policy.model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (args.prompt_tokens,), generator=gen).tolist()
     completions = [
         torch.randint(0, vocab, (args.completion_tokens,), generator=gen).tolist() for _ in range(args.samples)
     ]
-    coef = torch.linspace(-0.2, 0.2, args.samples)
+    returns = torch.linspace(0.0, 1.0, args.samples).tolist()  # distinct: non-zero advantages
+    mean = sum(returns) / len(returns)
+    group = NodeGroup(0, 1, [prompt] * args.samples, completions, returns, mean, mean)
     policy.model.train()
 
     def update() -> tuple[float, int]:
         faults, start = minor_faults(), time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        accumulate_gradients(
+        update_agent(
             policy,
-            [prompt] * args.samples,
-            completions,
-            lambda lp, mask, idx: sequence_pg_loss(lp, mask, coef[idx.start : idx.stop]),
-            args.samples,
-            group_size=args.samples,
+            optimizer,
+            [group],
+            advantage_mode="mean",
+            normalize_advantage=False,
+            micro_batch_size=args.samples,
+            step=0,
+            agent=0,
         )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start, minor_faults() - faults
 
     kept: list[tuple[float, int]] = []
