@@ -499,7 +499,9 @@ def layout_lines() -> list[str]:
 
     setting = os.environ.get(fp32_layout.ENV_VAR)
     lines = [f"our fp32 weight layout: {fp32_layout.ENV_VAR}={setting}"] if setting else []
-    lines += [f"our fp32 weight layout, measured at {m.describe()} -> {m.verdict}" for m in fp32_layout.measured()]
+    for m in fp32_layout.measured():
+        what = "weight layout" if m.packed_as == "oneDNN" else "packing of the large weights"
+        lines.append(f"our fp32 {what}, measured at {m.describe()} -> {m.verdict}")
     return lines
 
 

@@ -4,8 +4,9 @@ A decoding step multiplies a few rows by every weight of the model. Two ways to 
 fp32, with the same arithmetic up to summation order:
 
 - ``"mkl"``: the plain layers (MKL's GEMM, which re-lays out each weight at every call),
-  plus MKL's packed copy of the vocabulary projection where a call is big enough
-  (:mod:`comlrl_core.models.cpu.packed_linear`);
+  plus MKL's packed copy of the vocabulary projection where it pays: measured too
+  (:func:`mkl_packing_pays`), since it pays at one row on an AMD EPYC (7.2 -> 3.5 ms a
+  step for SmolLM2's) and not on a Xeon (:mod:`comlrl_core.models.cpu.packed_linear`);
 - ``"onednn"``: every linear weight reordered once per sampling call into oneDNN's blocked
   layout; one packing serves any row count. The packed copy stands in for the plain
   weight while the call runs (``packed_linear``).
@@ -36,6 +37,7 @@ another module (the output layer tied to the embeddings) and the measurement's s
 Public API::
 
     layout_for(weights, rows, new_tokens) -> "mkl" | "onednn"
+    mkl_packing_pays(large weights, rows, new_tokens) -> bool | None  (None: too small to measure)
     measured() -> list[Measurement]   (this process's measurements, for benchmarks)
     onednn_pack(weight, rows) / onednn_linear(x, packed, bias)
 """
@@ -76,6 +78,7 @@ class Measurement:
     pack_ms: float
     weight_mb: float
     threads: int
+    packed_as: str = "oneDNN"  # the packed format timed against plain MKL
 
     @property
     def saving_ms(self) -> float:
@@ -87,12 +90,12 @@ class Measurement:
 
     @property
     def verdict(self) -> str:
-        return "oneDNN-packed" if self.faster() else "plain (MKL)"
+        return f"{self.packed_as}-packed" if self.faster() else "plain (MKL)"
 
     def describe(self) -> str:
         return (
             f"{self.rows} row(s), {self.weight_mb:.0f} MB of weights, {self.threads} thread(s): "
-            f"a pass {self.plain_ms:.1f} ms plain, {self.packed_ms:.1f} ms oneDNN-packed; "
+            f"a pass {self.plain_ms:.1f} ms plain, {self.packed_ms:.1f} ms {self.packed_as}-packed; "
             f"packing {self.pack_ms:.0f} ms"
         )
 
@@ -182,27 +185,70 @@ def measured_sample(weights: Sequence[torch.Tensor], max_bytes: int = MEASURE_SA
     return sample
 
 
-def measure(weights: Sequence[torch.Tensor], rows: int) -> Measurement:
-    """Time one pass over ``weights`` at ``rows`` rows with plain ``F.linear`` and with
-    oneDNN-packed copies (best of three each, taking turns), and the packing itself."""
+def _measure_packing(
+    weights: Sequence[torch.Tensor], rows: int, pack: Any, packed_pass: Any, packed_as: str
+) -> Measurement:
+    """One pass over ``weights`` at ``rows`` rows plain (``F.linear``) and on the copies
+    ``pack(weight, rows)`` makes (``packed_pass(x, copy, weight)``), best of three each,
+    taking turns (a drifting machine favours neither), and the packing itself."""
     gen = torch.Generator().manual_seed(0)
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=gen) for w in weights}
     with torch.no_grad():
         start = time.perf_counter()
-        packed = [onednn_pack(w, rows) for w in weights]
+        packed = [pack(w, rows) for w in weights]
         pack_ms = (time.perf_counter() - start) * 1e3
         plain_ops = [(inputs[w.shape[1]], w, None) for w in weights]
-        packed_ops = [(inputs[w.shape[1]], p, None) for w, p in zip(weights, packed, strict=True)]
+        packed_ops = [(inputs[w.shape[1]], p, w) for w, p in zip(weights, packed, strict=True)]
         plain_ms = packed_ms = float("inf")
-        for turn in range(_REPEATS):  # taking turns: a drifting machine favours neither
+        for turn in range(_REPEATS):
             order = (0, 1) if turn % 2 == 0 else (1, 0)
             for which in order:
                 if which == 0:
                     plain_ms = min(plain_ms, _timed_pass(F.linear, plain_ops))
                 else:
-                    packed_ms = min(packed_ms, _timed_pass(onednn_linear, packed_ops))
+                    packed_ms = min(packed_ms, _timed_pass(packed_pass, packed_ops))
     weight_mb = _nbytes(weights) / 1e6
-    return Measurement(rows, plain_ms, packed_ms, pack_ms, weight_mb, torch.get_num_threads())
+    return Measurement(rows, plain_ms, packed_ms, pack_ms, weight_mb, torch.get_num_threads(), packed_as)
+
+
+def measure(weights: Sequence[torch.Tensor], rows: int) -> Measurement:
+    """Time one pass over ``weights`` at ``rows`` rows with plain ``F.linear`` and with
+    oneDNN-packed copies (best of three each, taking turns), and the packing itself."""
+    return _measure_packing(weights, rows, onednn_pack, lambda x, p, w: onednn_linear(x, p, None), "oneDNN")
+
+
+def measure_mkl_packing(weights: Sequence[torch.Tensor], rows: int) -> Measurement:
+    """Time one pass over ``weights`` at ``rows`` rows with plain ``F.linear`` and with MKL's
+    packed copies for exactly that row count (best of three each, taking turns), and the
+    packing itself."""
+    return _measure_packing(
+        weights,
+        rows,
+        torch.ops.mkl._mkl_reorder_linear_weight,
+        lambda x, p, w: torch.ops.mkl._mkl_linear(x, p, w, None, x.shape[0]),
+        "MKL",
+    )
+
+
+def mkl_packing_pays(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None) -> bool | None:
+    """Whether MKL's packed copies of these (large) ``weights`` pay for a call of ``rows``
+    rows decoding ``new_tokens`` tokens each, measured once per process and row-count
+    class; None when they are too small to measure (the caller keeps its fixed rule).
+
+    Measured because the answer depends on the CPU: SmolLM2's vocabulary projection at one
+    row took 7.2 ms plain and 3.5 ms packed on an AMD EPYC, while on a Xeon packing did not
+    pay at one row."""
+    if not weights or _nbytes(weights) < MEASURE_MIN_BYTES:
+        return None
+    measured_rows = row_class(rows)
+    key = ("mkl", tuple(tuple(w.shape) for w in weights), measured_rows, torch.get_num_threads())
+    found = _measured.get(key)
+    if found is None:
+        found = _measured[key] = measure_mkl_packing(measured_sample(weights), measured_rows)
+        logger.info("fp32 packing of the large weights measured, %s -> %s", found.describe(), found.verdict)
+    if not found.faster():
+        return False
+    return new_tokens is None or found.saving_ms * new_tokens >= found.pack_ms
 
 
 def layout_for(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None) -> Layout:

@@ -30,7 +30,11 @@ forces either). In oneDNN's format the packed copy replaces the plain weight of 
 whose weight no other module shares, from its first decoding pass to the end of the call:
 the plain values come back from the packed copy (an exact reordering) when the block ends,
 or earlier when a pass needs the plain layer (gradients on, a failing op). So the call holds
-each weight once.
+each weight once. A decoding pass feeds one position per row; every pass of several
+positions is a prefill and runs plain, however few its rows (a shared prompt beginning of
+40 tokens packed the weights before the prefill chunks, which then rebuilt every plain
+weight from its packed copy, once a chunk). The packing is paid in the first decoding
+step: it is a cost of decoding.
 """
 
 from __future__ import annotations
@@ -65,8 +69,10 @@ FP32_MIN_WEIGHT_ELEMENTS = 1 << 22
 # products are too small for the layout to matter (the lean decoding step calls their
 # weights directly anyway)
 _ONEDNN_MIN_SIDE = 64
-# a pass of at most this many rows (or the call's decoding rows) runs on a oneDNN layer's
-# packed weight (packing it at the first such pass); wider passes (the prefill) run plain
+# a decoding pass (one position per row) of at most this many rows (or the call's decoding
+# rows) runs on a oneDNN layer's packed weight (packing it at the first such pass); wider
+# passes and passes of several positions (the prefill, a short shared prompt beginning)
+# run plain
 _ONEDNN_PACK_MAX_ROWS = 64
 
 # the packed formats: oneDNN bf16 (under bf16 autocast or for bf16 weights), MKL fp32, oneDNN fp32
@@ -121,6 +127,16 @@ class _PackedForward:
             self.layer.weight.data = self.packed.to_dense()
             self.released = False
 
+    def pack(self) -> None:
+        """oneDNN fp32: pack the weight now, if not yet (and release the plain copy where
+        no other module reads it); the other formats pack when the block opens."""
+        if self.format != FP32_ONEDNN or self.packed is not None or self.format in _broken:
+            return
+        self.packed = fp32_layout.onednn_pack(self.layer.weight.detach(), self.rows)
+        if self.release_plain:
+            self.layer.weight.data = torch.empty(0, dtype=self.layer.weight.dtype)
+            self.released = True
+
     def _packed_call(self, x: torch.Tensor) -> torch.Tensor:
         if self.format == BF16:
             return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, self.bias, "none", [], "")
@@ -128,17 +144,17 @@ class _PackedForward:
             return self.original(x)
         rows = x.numel() // x.shape[-1]
         if self.format == FP32_ONEDNN:  # one packing serves every decoding row count
-            if rows > max(self.rows, _ONEDNN_PACK_MAX_ROWS):
+            # a decoding pass feeds one position per row; a pass of several (a prefill chunk,
+            # a shared prompt beginning however short) is a prefill
+            positions = x.shape[-2] if x.dim() >= 3 else 1
+            if positions > 1 or rows > max(self.rows, _ONEDNN_PACK_MAX_ROWS):
                 # a prefill pass runs plain: before the packing (paid where it is won back)
                 # and after it (oneDNN would keep a kernel for each prefill width it meets)
                 if self.packed is None or not self.released:
                     return self.original(x)
                 return F.linear(x, self.packed.to_dense(), self.bias)
-            if self.packed is None:
-                self.packed = fp32_layout.onednn_pack(self.layer.weight.detach(), self.rows)
-                if self.release_plain:
-                    self.layer.weight.data = torch.empty(0, dtype=self.layer.weight.dtype)
-                    self.released = True
+            self.pack()
+            assert self.packed is not None
             return fp32_layout.onednn_linear(x, self.packed, self.bias)
         if rows != self.rows:  # MKL's packing is for one row count
             return self.original(x)
@@ -243,8 +259,10 @@ def _packable(module: nn.Module, packed_format: str) -> TypeGuard[nn.Linear]:
 
 
 # Packing a weight costs a pass over it (the SmolLM2 lm_head: ~157 ms on 2 cores, once per
-# sampling call) and gains per decoding step only from a few rows on (1 row: none, packed
-# was slower; 16 rows: ~3.7 ms a step). Below these, a call keeps the plain layers.
+# sampling call) and gains per decoding step only from a few rows on (Xeon, 1 row: none,
+# packed was slower; 16 rows: ~3.7 ms a step). Below these, a call keeps the plain layers.
+# The rule for bf16, and for fp32 weights too small to measure: fp32 MKL packing of a large
+# weight is measured (fp32_layout.mkl_packing_pays; on an AMD EPYC it pays at 1 row).
 MIN_PACKED_ROWS = 4
 MIN_PACKED_ROW_TOKENS = 1024  # rows x new tokens of the call
 
@@ -268,9 +286,15 @@ def packed_format_for(model: nn.Module, rows: int, new_tokens: int | None) -> st
         weights = [m.weight for m in model.modules() if _packable(m, FP32_ONEDNN)]
         if fp32_layout.layout_for(weights, rows, new_tokens) == "onednn":
             return FP32_ONEDNN
-    if not _fp32_packing_available() or (new_tokens is not None and not packing_pays(rows, new_tokens)):
+    if not _fp32_packing_available():
         return None
-    return FP32_MKL
+    # MKL's copies of the large weights (the vocabulary projection): measured where they are
+    # big enough to time, else the fixed rule
+    large = [m.weight for m in model.modules() if _packable(m, FP32_MKL)]
+    pays = fp32_layout.mkl_packing_pays(large, rows, new_tokens)
+    if pays is None:
+        pays = new_tokens is None or packing_pays(rows, new_tokens)
+    return FP32_MKL if pays else None
 
 
 @contextlib.contextmanager

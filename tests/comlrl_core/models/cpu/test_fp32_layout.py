@@ -192,7 +192,7 @@ def test_forced_onednn_packs_every_layer_with_the_same_logits(monkeypatch):
     linears = [m for m in policy.model.modules() if isinstance(m, torch.nn.Linear)]
     packable = [m for m in linears if packed_linear._packable(m, packed_linear.FP32_ONEDNN)]
     assert len(packable) > len(linears) // 2  # all but the tiny model's narrow k/v projections
-    ids = torch.randint(5, 100, (3, 7))
+    ids = torch.randint(5, 100, (21, 1))  # a decoding-shaped pass: one position per row
     with torch.no_grad():
         plain = policy.model(input_ids=ids).logits
         with packed_linear.prepacked_linears(policy.model, rows=21, new_tokens=8) as active:
@@ -201,7 +201,7 @@ def test_forced_onednn_packs_every_layer_with_the_same_logits(monkeypatch):
             assert all(isinstance(f, packed_linear._PackedForward) for f in forwards)
             assert {f.format for f in forwards} == {packed_linear.FP32_ONEDNN}
             assert not any("forward" in m.__dict__ for m in linears if m not in packable)
-            packed = policy.model(input_ids=ids).logits  # 21 rows: packed at this pass
+            packed = policy.model(input_ids=ids).logits  # 21 rows of one position: packed at this pass
             assert all(f.packed is not None for f in forwards)
     assert not any("forward" in m.__dict__ for m in linears)
     assert torch.allclose(plain, packed, atol=1e-4)
@@ -273,6 +273,98 @@ def test_the_prefill_runs_plain_and_the_first_decoding_pass_packs(monkeypatch):
         assert torch.allclose(layer(step[:1]), F.linear(step[:1], weight, bias), atol=1e-5)
         assert torch.allclose(layer(prefill), F.linear(prefill, weight, bias), atol=1e-5)
     assert packs == [(96, 64)]  # once, then every row count on the same packing
+
+
+@needs_onednn
+def test_a_short_pass_of_several_positions_runs_plain_and_does_not_pack(monkeypatch):
+    """A prompt beginning shared by a call's prompts is prefilled alone, often in fewer than
+    64 tokens: it is a prefill all the same. Packing there made every later prefill chunk
+    rebuild each plain weight from its packed copy."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    packs: list[tuple[int, ...]] = []
+    dense: list[int] = []
+    real_pack, real_to_dense = fp32_layout.onednn_pack, torch.Tensor.to_dense
+
+    def counting_pack(weight, rows):
+        packs.append(tuple(weight.shape))
+        return real_pack(weight, rows)
+
+    def counting_to_dense(self, *args, **kwargs):
+        dense.append(1)
+        return real_to_dense(self, *args, **kwargs)
+
+    monkeypatch.setattr(fp32_layout, "onednn_pack", counting_pack)
+    monkeypatch.setattr(torch.Tensor, "to_dense", counting_to_dense)
+    layer = torch.nn.Linear(64, 96)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    with torch.no_grad(), packed_linear.prepacked_linears(layer, rows=16, new_tokens=8):
+        shared = torch.randn(1, 20, 64)  # 20 positions of one row: under 64 rows, still a prefill
+        assert torch.allclose(layer(shared), F.linear(shared, weight, bias), atol=1e-5)
+        assert packs == [] and layer.weight.numel() == weight.numel()
+        chunk = torch.randn(4, 30, 64)  # a prefill chunk on top of it
+        assert torch.allclose(layer(chunk), F.linear(chunk, weight, bias), atol=1e-5)
+        assert dense == []  # the plain weight was never released, so never rebuilt
+        step = torch.randn(16, 1, 64)  # transformers' decoding step: one position per row
+        assert torch.allclose(layer(step), F.linear(step, weight, bias), atol=1e-5)
+        assert packs == [(96, 64)] and layer.weight.numel() == 0
+    assert dense == [1]  # the plain values back once, when the call ends
+    assert torch.equal(layer.weight.detach(), weight)
+
+
+@needs_onednn
+def test_sampling_packs_the_layers_in_the_first_decoding_step_only(monkeypatch):
+    """Prompts with a shared beginning (prefilled alone, then the chunks on top): no layer
+    weight is packed during the prefill (the output layer, fed one position per row, may
+    be), each one once in the first decoding step, and the plain values are rebuilt only
+    once, at the end of the call."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    policy = _policy()
+    events: list[tuple[str, object]] = []
+    real_pack, real_to_dense = fp32_layout.onednn_pack, torch.Tensor.to_dense
+
+    def recording_pack(weight, rows):
+        events.append(("pack", tuple(weight.shape)))
+        return real_pack(weight, rows)
+
+    def recording_to_dense(self, *args, **kwargs):
+        events.append(("dense", None))
+        return real_to_dense(self, *args, **kwargs)
+
+    def recording_forward(module, inputs):
+        events.append(("forward", inputs[0].shape[-1]))
+
+    shared = "Please read the following request carefully and answer in one line. "
+    prompts = [shared + "Add two numbers.", shared + "Reverse a list of words.", shared + "x"]
+    encoded = [policy.encode_prompt(p) for p in prompts]
+    common = next(i for i, (a, b) in enumerate(zip(encoded[0], encoded[1], strict=False)) if a != b)
+    assert 16 <= common < 64  # long enough for a shared pass, and under 64 tokens
+    expected = _shared_samples(policy, prompts)
+    monkeypatch.setattr(fp32_layout, "onednn_pack", recording_pack)
+    monkeypatch.setattr(torch.Tensor, "to_dense", recording_to_dense)
+    handle = policy.model.get_input_embeddings().register_forward_pre_hook(recording_forward)
+    try:
+        assert _shared_samples(policy, prompts) == expected
+    finally:
+        handle.remove()
+    head = tuple(policy.model.get_output_embeddings().weight.shape)
+    packable = [m for m in policy.model.modules() if packed_linear._packable(m, packed_linear.FP32_ONEDNN)]
+    prefills = [i for i, (kind, size) in enumerate(events) if kind == "forward" and size != 1]
+    first_step = events.index(("forward", 1))
+    second_step = events.index(("forward", 1), first_step + 1)
+    assert len(prefills) >= 2 and prefills[-1] < first_step  # the shared beginning, then the chunk(s)
+    assert all(size == head for kind, size in events[:first_step] if kind == "pack")
+    packs_in_first_step = [size for kind, size in events[first_step:second_step] if kind == "pack"]
+    assert len(packs_in_first_step) + events[:first_step].count(("pack", head)) == len(packable)
+    assert sum(kind == "pack" for kind, _ in events) == len(packable)  # once each
+    assert ("dense", None) not in events[:second_step]
+    released = sum(m.weight is not policy.model.get_input_embeddings().weight for m in packable)
+    assert sum(kind == "dense" for kind, _ in events) == released  # the restore, once each
+
+
+def _shared_samples(policy: TransformersPolicy, prompts: list[str]) -> list[list[list[int]]]:
+    cfg = GenerationConfig(max_new_tokens=6, temperature=0.0)
+    out = policy.generate(prompts, num_samples=2, generation_config=cfg, seed=3)
+    return [[c.token_ids for c in row] for row in out]
 
 
 @needs_onednn
@@ -411,3 +503,82 @@ def test_a_measurement_packs_a_sample_of_the_weights_not_all(monkeypatch):
     monkeypatch.setattr(fp32_layout, "measure", recording_measure)
     assert fp32_layout.layout_for(weights, rows=16, new_tokens=100) == "onednn"
     assert len(passed) == 1 and fp32_layout.MEASURE_SAMPLE_BYTES <= passed[0] < 140 << 20
+
+
+# -- MKL's packed copy of the large weights (the vocabulary projection), measured ------------
+
+
+def _mkl_measure(plain_ms: float, packed_ms: float, pack_ms: float, calls: list[int]):
+    def fake(weights, rows):
+        calls.append(rows)
+        return fp32_layout.Measurement(rows, plain_ms, packed_ms, pack_ms, 1.0, torch.get_num_threads(), "MKL")
+
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("plain_ms", "packed_ms", "pack_ms", "new_tokens", "expected"),
+    [
+        (7.2, 3.5, 150.0, 96, True),  # the AMD EPYC at 1 row: 3.7 ms a step x 96 > 150 ms
+        (7.2, 3.5, 150.0, 32, False),  # too short a call to win the packing back
+        (7.2, 3.5, 150.0, None, True),  # call length unknown: assumed to pay
+        (3.4, 3.6, 150.0, 96, False),  # packed no faster (a Xeon at 1 row)
+        (7.2, 6.9, 1.0, 96, False),  # under MIN_SAVING: noise decides
+    ],
+)
+def test_mkl_packing_of_large_weights_is_decided_by_measurement(
+    monkeypatch, plain_ms, packed_ms, pack_ms, new_tokens, expected
+):
+    calls: list[int] = []
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(plain_ms, packed_ms, pack_ms, calls))
+    monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
+    head = [torch.zeros(96, 64)]
+    assert fp32_layout.mkl_packing_pays(head, rows=1, new_tokens=new_tokens) is expected
+    assert fp32_layout.mkl_packing_pays(head, rows=1, new_tokens=new_tokens) is expected
+    assert calls == [1]  # once per process and row-count class
+    fp32_layout.mkl_packing_pays(head, rows=3, new_tokens=new_tokens)
+    assert calls == [1, 4]
+
+
+def test_small_weights_are_not_measured_for_mkl_packing(monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(7.2, 3.5, 1.0, calls))
+    assert fp32_layout.mkl_packing_pays([torch.zeros(96, 64)], rows=1, new_tokens=96) is None
+    assert fp32_layout.mkl_packing_pays([], rows=1, new_tokens=96) is None
+    assert calls == []
+
+
+@pytest.mark.skipif(not packed_linear._fp32_packing_available(), reason="no MKL packing in this torch build")
+def test_a_one_row_call_packs_the_large_weights_where_measured_to_pay(monkeypatch):
+    """The fixed rule kept every one-row call plain; a measured win packs the vocabulary
+    projection (in MKL's format) for such a call, with the same logits."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "mkl")
+    monkeypatch.setattr(packed_linear, "FP32_MIN_WEIGHT_ELEMENTS", 4096)  # the tiny model's head counts as large
+    monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
+    calls: list[int] = []
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(7.2, 3.5, 1.0, calls))
+    policy = _policy()
+    model = policy.model
+    assert not packed_linear.packing_pays(1, 96)  # the fixed rule alone: plain
+    assert packed_linear.packed_format_for(model, rows=1, new_tokens=96) == packed_linear.FP32_MKL
+    monkeypatch.setattr(fp32_layout, "_measured", {})
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(3.4, 3.6, 1.0, calls))
+    assert packed_linear.packed_format_for(model, rows=1, new_tokens=96) is None
+    ids = torch.randint(5, 100, (1, 1))
+    monkeypatch.setattr(fp32_layout, "_measured", {})
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(7.2, 3.5, 1.0, calls))
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with packed_linear.prepacked_linears(model, rows=1, new_tokens=96) as active:
+            assert active
+            packed = model(input_ids=ids).logits
+    assert torch.allclose(plain, packed, atol=1e-4)
+
+
+def test_measure_mkl_packing_times_both_ways():
+    if not packed_linear._fp32_packing_available():
+        pytest.skip("no MKL packing in this torch build")
+    found = fp32_layout.measure_mkl_packing([torch.randn(256, 64)], rows=1)
+    assert found.rows == 1 and found.packed_as == "MKL"
+    assert found.plain_ms > 0 and found.packed_ms > 0 and found.pack_ms > 0
+    assert found.verdict in ("MKL-packed", "plain (MKL)")
