@@ -230,6 +230,27 @@ def measure_mkl_packing(weights: Sequence[torch.Tensor], rows: int) -> Measureme
     )
 
 
+def _packing_pays(
+    kind: str, weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None, measure_fn: Any
+) -> bool | None:
+    """Whether packed copies of ``weights`` (timed by ``measure_fn``) pay for a call of
+    ``rows`` rows decoding ``new_tokens`` tokens each (None: unknown, assumed to pay),
+    measured once per process, ``kind`` and row-count class; None when the weights are too
+    small to measure."""
+    if not weights or _nbytes(weights) < MEASURE_MIN_BYTES:
+        return None
+    measured_rows = row_class(rows)
+    key = (kind, tuple(tuple(w.shape) for w in weights), measured_rows, torch.get_num_threads())
+    found = _measured.get(key)
+    if found is None:
+        # the decision compares ratios (speed, packing per saving), which a sample keeps
+        found = _measured[key] = measure_fn(measured_sample(weights), measured_rows)
+        logger.info("fp32 %s measured, %s -> %s", kind, found.describe(), found.verdict)
+    if not found.faster():
+        return False
+    return new_tokens is None or found.saving_ms * new_tokens >= found.pack_ms  # else too short a call
+
+
 def mkl_packing_pays(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None) -> bool | None:
     """Whether MKL's packed copies of these (large) ``weights`` pay for a call of ``rows``
     rows decoding ``new_tokens`` tokens each, measured once per process and row-count
@@ -238,17 +259,7 @@ def mkl_packing_pays(weights: Sequence[torch.Tensor], rows: int, new_tokens: int
     Measured because the answer depends on the CPU: SmolLM2's vocabulary projection at one
     row took 7.2 ms plain and 3.5 ms packed on an AMD EPYC, while on a Xeon packing did not
     pay at one row."""
-    if not weights or _nbytes(weights) < MEASURE_MIN_BYTES:
-        return None
-    measured_rows = row_class(rows)
-    key = ("mkl", tuple(tuple(w.shape) for w in weights), measured_rows, torch.get_num_threads())
-    found = _measured.get(key)
-    if found is None:
-        found = _measured[key] = measure_mkl_packing(measured_sample(weights), measured_rows)
-        logger.info("fp32 packing of the large weights measured, %s -> %s", found.describe(), found.verdict)
-    if not found.faster():
-        return False
-    return new_tokens is None or found.saving_ms * new_tokens >= found.pack_ms
+    return _packing_pays("packing of the large weights", weights, rows, new_tokens, measure_mkl_packing)
 
 
 def layout_for(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None) -> Layout:
@@ -257,20 +268,7 @@ def layout_for(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | Non
     forced = forced_layout()
     if forced is not None:
         return forced
-    if not weights or _nbytes(weights) < MEASURE_MIN_BYTES:
-        return "mkl"
-    measured_rows = row_class(rows)
-    key = (tuple(tuple(w.shape) for w in weights), measured_rows, torch.get_num_threads())
-    found = _measured.get(key)
-    if found is None:
-        # the decision compares ratios (speed, packing per saving), which a sample keeps
-        found = _measured[key] = measure(measured_sample(weights), measured_rows)
-        logger.info("fp32 decoding layout measured, %s -> %s", found.describe(), found.verdict)
-    if not found.faster():
-        return "mkl"
-    if new_tokens is not None and found.saving_ms * new_tokens < found.pack_ms:
-        return "mkl"  # too short a call to win the packing back
-    return "onednn"
+    return "onednn" if _packing_pays("decoding layout", weights, rows, new_tokens, measure) else "mkl"
 
 
 def measured() -> list[Measurement]:

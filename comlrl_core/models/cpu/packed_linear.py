@@ -127,16 +127,6 @@ class _PackedForward:
             self.layer.weight.data = self.packed.to_dense()
             self.released = False
 
-    def pack(self) -> None:
-        """oneDNN fp32: pack the weight now, if not yet (and release the plain copy where
-        no other module reads it); the other formats pack when the block opens."""
-        if self.format != FP32_ONEDNN or self.packed is not None or self.format in _broken:
-            return
-        self.packed = fp32_layout.onednn_pack(self.layer.weight.detach(), self.rows)
-        if self.release_plain:
-            self.layer.weight.data = torch.empty(0, dtype=self.layer.weight.dtype)
-            self.released = True
-
     def _packed_call(self, x: torch.Tensor) -> torch.Tensor:
         if self.format == BF16:
             return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, self.bias, "none", [], "")
@@ -153,8 +143,11 @@ class _PackedForward:
                 if self.packed is None or not self.released:
                     return self.original(x)
                 return F.linear(x, self.packed.to_dense(), self.bias)
-            self.pack()
-            assert self.packed is not None
+            if self.packed is None:
+                self.packed = fp32_layout.onednn_pack(self.layer.weight.detach(), self.rows)
+                if self.release_plain:
+                    self.layer.weight.data = torch.empty(0, dtype=self.layer.weight.dtype)
+                    self.released = True
             return fp32_layout.onednn_linear(x, self.packed, self.bias)
         if rows != self.rows:  # MKL's packing is for one row count
             return self.original(x)
