@@ -63,10 +63,10 @@ def _must_not_measure(weights, rows):
     raise AssertionError("measured a model below MEASURE_MIN_BYTES")
 
 
-def _fake_measure(plain_ms: float, packed_ms: float, pack_ms: float, calls: list[int]):
+def _fake_measure(plain_ms: float, packed_ms: float, pack_ms: float, calls: list[int], packed_as: str = "oneDNN"):
     def measure(weights, rows):
         calls.append(rows)
-        return fp32_layout.Measurement(rows, plain_ms, packed_ms, pack_ms, 1.0, torch.get_num_threads())
+        return fp32_layout.Measurement(rows, plain_ms, packed_ms, pack_ms, 1.0, torch.get_num_threads(), packed_as)
 
     return measure
 
@@ -508,14 +508,6 @@ def test_a_measurement_packs_a_sample_of_the_weights_not_all(monkeypatch):
 # -- MKL's packed copy of the large weights (the vocabulary projection), measured ------------
 
 
-def _mkl_measure(plain_ms: float, packed_ms: float, pack_ms: float, calls: list[int]):
-    def fake(weights, rows):
-        calls.append(rows)
-        return fp32_layout.Measurement(rows, plain_ms, packed_ms, pack_ms, 1.0, torch.get_num_threads(), "MKL")
-
-    return fake
-
-
 @pytest.mark.parametrize(
     ("plain_ms", "packed_ms", "pack_ms", "new_tokens", "expected"),
     [
@@ -530,7 +522,7 @@ def test_mkl_packing_of_large_weights_is_decided_by_measurement(
     monkeypatch, plain_ms, packed_ms, pack_ms, new_tokens, expected
 ):
     calls: list[int] = []
-    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(plain_ms, packed_ms, pack_ms, calls))
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _fake_measure(plain_ms, packed_ms, pack_ms, calls, "MKL"))
     monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
     head = [torch.zeros(96, 64)]
     assert fp32_layout.mkl_packing_pays(head, rows=1, new_tokens=new_tokens) is expected
@@ -542,7 +534,7 @@ def test_mkl_packing_of_large_weights_is_decided_by_measurement(
 
 def test_small_weights_are_not_measured_for_mkl_packing(monkeypatch):
     calls: list[int] = []
-    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(7.2, 3.5, 1.0, calls))
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _fake_measure(7.2, 3.5, 1.0, calls, "MKL"))
     assert fp32_layout.mkl_packing_pays([torch.zeros(96, 64)], rows=1, new_tokens=96) is None
     assert fp32_layout.mkl_packing_pays([], rows=1, new_tokens=96) is None
     assert calls == []
@@ -556,17 +548,17 @@ def test_a_one_row_call_packs_the_large_weights_where_measured_to_pay(monkeypatc
     monkeypatch.setattr(packed_linear, "FP32_MIN_WEIGHT_ELEMENTS", 4096)  # the tiny model's head counts as large
     monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
     calls: list[int] = []
-    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(7.2, 3.5, 1.0, calls))
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _fake_measure(7.2, 3.5, 1.0, calls, "MKL"))
     policy = _policy()
     model = policy.model
     assert not packed_linear.packing_pays(1, 96)  # the fixed rule alone: plain
     assert packed_linear.packed_format_for(model, rows=1, new_tokens=96) == packed_linear.FP32_MKL
     monkeypatch.setattr(fp32_layout, "_measured", {})
-    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(3.4, 3.6, 1.0, calls))
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _fake_measure(3.4, 3.6, 1.0, calls, "MKL"))
     assert packed_linear.packed_format_for(model, rows=1, new_tokens=96) is None
     ids = torch.randint(5, 100, (1, 1))
     monkeypatch.setattr(fp32_layout, "_measured", {})
-    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _mkl_measure(7.2, 3.5, 1.0, calls))
+    monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _fake_measure(7.2, 3.5, 1.0, calls, "MKL"))
     with torch.no_grad():
         plain = model(input_ids=ids).logits
         with packed_linear.prepacked_linears(model, rows=1, new_tokens=96) as active:
