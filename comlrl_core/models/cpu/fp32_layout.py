@@ -168,14 +168,26 @@ def _timed_pass(fn: Any, operands: Sequence[tuple[torch.Tensor, Any, torch.Tenso
     return (time.perf_counter() - start) * 1e3
 
 
-def _nbytes(weights: Sequence[torch.Tensor]) -> int:
-    return sum(w.numel() * w.element_size() for w in weights)
+# a weight, or a set of weights packed stacked as one (sibling layers that read one input)
+Weights = torch.Tensor | tuple[torch.Tensor, ...]
 
 
-def measured_sample(weights: Sequence[torch.Tensor], max_bytes: int = MEASURE_SAMPLE_BYTES) -> list[torch.Tensor]:
+def _members(weight: Weights) -> tuple[torch.Tensor, ...]:
+    return weight if isinstance(weight, tuple) else (weight,)
+
+
+def _nbytes(weights: Sequence[Weights]) -> int:
+    return sum(w.numel() * w.element_size() for item in weights for w in _members(item))
+
+
+def _shapes(weight: Weights) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(w.shape) for w in _members(weight))
+
+
+def measured_sample(weights: Sequence[Weights], max_bytes: int = MEASURE_SAMPLE_BYTES) -> list[Weights]:
     """The first weights, in model order, that reach ``max_bytes`` (at least one): whole
     blocks of every shape, with packed copies that stay well under the model's size."""
-    sample: list[torch.Tensor] = []
+    sample: list[Weights] = []
     total = 0
     for weight in weights:
         if sample and total >= max_bytes:
@@ -185,20 +197,22 @@ def measured_sample(weights: Sequence[torch.Tensor], max_bytes: int = MEASURE_SA
     return sample
 
 
-def _measure_packing(
-    weights: Sequence[torch.Tensor], rows: int, pack: Any, packed_pass: Any, packed_as: str
-) -> Measurement:
-    """One pass over ``weights`` at ``rows`` rows plain (``F.linear``) and on the copies
-    ``pack(weight, rows)`` makes (``packed_pass(x, copy, weight)``), best of three each,
-    taking turns (a drifting machine favours neither), and the packing itself."""
+def _measure_packing(weights: Sequence[Weights], rows: int, pack: Any, packed_pass: Any, packed_as: str) -> Measurement:
+    """One pass over ``weights`` at ``rows`` rows plain (``F.linear``, each weight of a set
+    on its own) and on the copies ``pack(weight, rows)`` makes (``packed_pass(x, copy,
+    weight)``; a set stacked into one copy), best of three each, taking turns (a drifting
+    machine favours neither), and the packing itself."""
     gen = torch.Generator().manual_seed(0)
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=gen) for w in weights}
+    plain = [w for item in weights for w in _members(item)]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=gen) for w in plain}
     with torch.no_grad():
         start = time.perf_counter()
-        packed = [pack(w, rows) for w in weights]
+        stacked = [torch.cat(item) if isinstance(item, tuple) else item for item in weights]
+        packed = [pack(w, rows) for w in stacked]
         pack_ms = (time.perf_counter() - start) * 1e3
-        plain_ops = [(inputs[w.shape[1]], w, None) for w in weights]
-        packed_ops = [(inputs[w.shape[1]], p, w) for w, p in zip(weights, packed, strict=True)]
+        plain_ops = [(inputs[w.shape[1]], w, None) for w in plain]
+        packed_ops = [(inputs[w.shape[1]], p, w) for w, p in zip(stacked, packed, strict=True)]
+        del stacked
         plain_ms = packed_ms = float("inf")
         for turn in range(_REPEATS):
             order = (0, 1) if turn % 2 == 0 else (1, 0)
@@ -211,9 +225,10 @@ def _measure_packing(
     return Measurement(rows, plain_ms, packed_ms, pack_ms, weight_mb, torch.get_num_threads(), packed_as)
 
 
-def measure(weights: Sequence[torch.Tensor], rows: int) -> Measurement:
+def measure(weights: Sequence[Weights], rows: int) -> Measurement:
     """Time one pass over ``weights`` at ``rows`` rows with plain ``F.linear`` and with
-    oneDNN-packed copies (best of three each, taking turns), and the packing itself."""
+    oneDNN-packed copies (a set of weights stacked into one; best of three each, taking
+    turns), and the packing itself."""
     return _measure_packing(weights, rows, onednn_pack, lambda x, p, w: onednn_linear(x, p, None), "oneDNN")
 
 
@@ -231,7 +246,7 @@ def measure_mkl_packing(weights: Sequence[torch.Tensor], rows: int) -> Measureme
 
 
 def _packing_pays(
-    kind: str, weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None, measure_fn: Any
+    kind: str, weights: Sequence[Weights], rows: int, new_tokens: int | None, measure_fn: Any
 ) -> bool | None:
     """Whether packed copies of ``weights`` (timed by ``measure_fn``) pay for a call of
     ``rows`` rows decoding ``new_tokens`` tokens each (None: unknown, assumed to pay),
@@ -240,7 +255,7 @@ def _packing_pays(
     if not weights or _nbytes(weights) < MEASURE_MIN_BYTES:
         return None
     measured_rows = row_class(rows)
-    key = (kind, tuple(tuple(w.shape) for w in weights), measured_rows, torch.get_num_threads())
+    key = (kind, tuple(_shapes(w) for w in weights), measured_rows, torch.get_num_threads())
     found = _measured.get(key)
     if found is None:
         # the decision compares ratios (speed, packing per saving), which a sample keeps
@@ -262,9 +277,10 @@ def mkl_packing_pays(weights: Sequence[torch.Tensor], rows: int, new_tokens: int
     return _packing_pays("packing of the large weights", weights, rows, new_tokens, measure_mkl_packing)
 
 
-def layout_for(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None) -> Layout:
+def layout_for(weights: Sequence[Weights], rows: int, new_tokens: int | None) -> Layout:
     """The fp32 layout for a sampling call of ``rows`` rows decoding ``new_tokens`` tokens
-    each (None: unknown, packing assumed to pay) over these linear ``weights``."""
+    each (None: unknown, packing assumed to pay) over these linear ``weights`` (a tuple:
+    sibling weights oneDNN packs stacked as one)."""
     forced = forced_layout()
     if forced is not None:
         return forced

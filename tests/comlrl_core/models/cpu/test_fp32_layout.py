@@ -190,8 +190,10 @@ def test_forced_onednn_packs_every_layer_with_the_same_logits(monkeypatch):
     monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
     policy = _policy()
     linears = [m for m in policy.model.modules() if isinstance(m, torch.nn.Linear)]
-    packable = [m for m in linears if packed_linear._packable(m, packed_linear.FP32_ONEDNN)]
-    assert len(packable) > len(linears) // 2  # all but the tiny model's narrow k/v projections
+    groups, singles = packed_linear.onednn_units(policy.model)
+    assert len(groups) == 4  # q/k/v and gate/up of the tiny model's 2 layers (narrow k/v included)
+    packable = [m for group in groups for m in group] + singles
+    assert len(packable) == len(linears)
     ids = torch.randint(5, 100, (21, 1))  # a decoding-shaped pass: one position per row
     with torch.no_grad():
         plain = policy.model(input_ids=ids).logits
@@ -200,9 +202,8 @@ def test_forced_onednn_packs_every_layer_with_the_same_logits(monkeypatch):
             forwards = [m.__dict__.get("forward") for m in packable]
             assert all(isinstance(f, packed_linear._PackedForward) for f in forwards)
             assert {f.format for f in forwards} == {packed_linear.FP32_ONEDNN}
-            assert not any("forward" in m.__dict__ for m in linears if m not in packable)
             packed = policy.model(input_ids=ids).logits  # 21 rows of one position: packed at this pass
-            assert all(f.packed is not None for f in forwards)
+            assert all((f.siblings[0].packed if f.siblings else f.packed) is not None for f in forwards)
     assert not any("forward" in m.__dict__ for m in linears)
     assert torch.allclose(plain, packed, atol=1e-4)
 
@@ -347,17 +348,18 @@ def test_sampling_packs_the_layers_in_the_first_decoding_step_only(monkeypatch):
     finally:
         handle.remove()
     head = tuple(policy.model.get_output_embeddings().weight.shape)
-    packable = [m for m in policy.model.modules() if packed_linear._packable(m, packed_linear.FP32_ONEDNN)]
+    groups, packable = packed_linear.onednn_units(policy.model)  # packable: the layers packed alone
     prefills = [i for i, (kind, size) in enumerate(events) if kind == "forward" and size != 1]
     first_step = events.index(("forward", 1))
     second_step = events.index(("forward", 1), first_step + 1)
     assert len(prefills) >= 2 and prefills[-1] < first_step  # the shared beginning, then the chunk(s)
     assert all(size == head for kind, size in events[:first_step] if kind == "pack")
     packs_in_first_step = [size for kind, size in events[first_step:second_step] if kind == "pack"]
-    assert len(packs_in_first_step) + events[:first_step].count(("pack", head)) == len(packable)
-    assert sum(kind == "pack" for kind, _ in events) == len(packable)  # once each
+    units = len(groups) + len(packable)  # each set of siblings packed as one stacked weight
+    assert len(packs_in_first_step) + events[:first_step].count(("pack", head)) == units
+    assert sum(kind == "pack" for kind, _ in events) == units  # once each
     assert ("dense", None) not in events[:second_step]
-    released = sum(m.weight is not policy.model.get_input_embeddings().weight for m in packable)
+    released = len(groups) + sum(m.weight is not policy.model.get_input_embeddings().weight for m in packable)
     assert sum(kind == "dense" for kind, _ in events) == released  # the restore, once each
 
 
