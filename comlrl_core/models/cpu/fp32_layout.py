@@ -25,7 +25,10 @@ So nothing is assumed. The first call of a row-count class (1 row, 2-7, 8 or mor
 pass over a sample of the model's own weights (:func:`measured_sample`: the first
 :data:`MEASURE_SAMPLE_BYTES`, whole blocks) each way, taking turns, best of three. The answer
 is kept for the process. oneDNN is used where it saves at least :data:`MIN_SAVING` of a pass
-and the saving over the call's tokens exceeds the measured packing time. Models whose linear
+and the saving over the call's tokens exceeds the measured packing time plus the time to
+rebuild the plain weights from the packed copies at the call's end (oneDNN's copies stand in
+for them; at one row on an AMD EPYC the restore tipped 48-token calls back to MKL, where
+decoding measured no faster in oneDNN). Models whose linear
 weights total less than :data:`MEASURE_MIN_BYTES` keep ``"mkl"`` without measuring: too
 small for the choice to matter, and small test models stay deterministic.
 
@@ -70,7 +73,9 @@ _REPEATS = 3
 
 @dataclass(frozen=True)
 class Measurement:
-    """One row-count class's timing: a pass over the weights plain and packed, the packing."""
+    """One row-count class's timing: a pass over the weights plain and packed, the packing,
+    and (oneDNN, whose packed copy stands in for the plain weight during a call) rebuilding
+    the plain weights from the packed copies when the call ends."""
 
     rows: int
     plain_ms: float
@@ -79,10 +84,16 @@ class Measurement:
     weight_mb: float
     threads: int
     packed_as: str = "oneDNN"  # the packed format timed against plain MKL
+    restore_ms: float = 0.0
 
     @property
     def saving_ms(self) -> float:
         return self.plain_ms - self.packed_ms
+
+    @property
+    def one_off_ms(self) -> float:
+        """What a call pays once for the packed layout: packing, and restoring where it releases."""
+        return self.pack_ms + self.restore_ms
 
     def faster(self) -> bool:
         """oneDNN saves at least MIN_SAVING of a pass."""
@@ -96,7 +107,7 @@ class Measurement:
         return (
             f"{self.rows} row(s), {self.weight_mb:.0f} MB of weights, {self.threads} thread(s): "
             f"a pass {self.plain_ms:.1f} ms plain, {self.packed_ms:.1f} ms {self.packed_as}-packed; "
-            f"packing {self.pack_ms:.0f} ms"
+            f"packing {self.pack_ms:.0f} ms" + (f" + restoring {self.restore_ms:.0f} ms" if self.restore_ms else "")
         )
 
 
@@ -197,11 +208,14 @@ def measured_sample(weights: Sequence[Weights], max_bytes: int = MEASURE_SAMPLE_
     return sample
 
 
-def _measure_packing(weights: Sequence[Weights], rows: int, pack: Any, packed_pass: Any, packed_as: str) -> Measurement:
+def _measure_packing(
+    weights: Sequence[Weights], rows: int, pack: Any, packed_pass: Any, packed_as: str, restore: Any = None
+) -> Measurement:
     """One pass over ``weights`` at ``rows`` rows plain (``F.linear``, each weight of a set
     on its own) and on the copies ``pack(weight, rows)`` makes (``packed_pass(x, copy,
     weight)``; a set stacked into one copy), best of three each, taking turns (a drifting
-    machine favours neither), and the packing itself."""
+    machine favours neither), the packing itself, and ``restore(copy)`` over the copies
+    where given."""
     gen = torch.Generator().manual_seed(0)
     plain = [w for item in weights for w in _members(item)]
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=gen) for w in plain}
@@ -221,15 +235,24 @@ def _measure_packing(weights: Sequence[Weights], rows: int, pack: Any, packed_pa
                     plain_ms = min(plain_ms, _timed_pass(F.linear, plain_ops))
                 else:
                     packed_ms = min(packed_ms, _timed_pass(packed_pass, packed_ops))
+        restore_ms = 0.0
+        if restore is not None:
+            start = time.perf_counter()
+            for copy in packed:
+                restore(copy)
+            restore_ms = (time.perf_counter() - start) * 1e3
     weight_mb = _nbytes(weights) / 1e6
-    return Measurement(rows, plain_ms, packed_ms, pack_ms, weight_mb, torch.get_num_threads(), packed_as)
+    return Measurement(rows, plain_ms, packed_ms, pack_ms, weight_mb, torch.get_num_threads(), packed_as, restore_ms)
 
 
 def measure(weights: Sequence[Weights], rows: int) -> Measurement:
     """Time one pass over ``weights`` at ``rows`` rows with plain ``F.linear`` and with
     oneDNN-packed copies (a set of weights stacked into one; best of three each, taking
-    turns), and the packing itself."""
-    return _measure_packing(weights, rows, onednn_pack, lambda x, p, w: onednn_linear(x, p, None), "oneDNN")
+    turns), the packing itself, and the restore (``to_dense``) that gives a call's released
+    plain weights back at its end."""
+    return _measure_packing(
+        weights, rows, onednn_pack, lambda x, p, w: onednn_linear(x, p, None), "oneDNN", lambda p: p.to_dense()
+    )
 
 
 def measure_mkl_packing(weights: Sequence[torch.Tensor], rows: int) -> Measurement:
@@ -263,7 +286,7 @@ def _packing_pays(
         logger.info("fp32 %s measured, %s -> %s", kind, found.describe(), found.verdict)
     if not found.faster():
         return False
-    return new_tokens is None or found.saving_ms * new_tokens >= found.pack_ms  # else too short a call
+    return new_tokens is None or found.saving_ms * new_tokens >= found.one_off_ms  # else too short a call
 
 
 def mkl_packing_pays(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None) -> bool | None:

@@ -31,7 +31,7 @@ an exact reordering) when the block ends or a pass needs the plain layers.
 Public API::
 
     sibling_groups(model, can_fuse) -> list[list[nn.Linear]]
-    FusedSiblings(layers, rows, bias)
+    FusedSiblings(layers, rows)  (rows: the decoding rows the stacked weight is packed for)
         .output(index, x, decoding) -> sibling ``index``'s output for ``x``
         .restore()  (the plain weights back)
 """
@@ -100,9 +100,6 @@ class FusedSiblings:
         self._version = -1
         self._output: torch.Tensor | None = None
         self._served: set[int] = set()
-
-    def shape(self) -> tuple[int, int]:
-        return sum(self.sizes), self.layers[0].in_features
 
     def _pack(self) -> None:
         with torch.no_grad():

@@ -576,3 +576,27 @@ def test_measure_mkl_packing_times_both_ways():
     assert found.rows == 1 and found.packed_as == "MKL"
     assert found.plain_ms > 0 and found.packed_ms > 0 and found.pack_ms > 0
     assert found.verdict in ("MKL-packed", "plain (MKL)")
+
+
+def test_the_restore_counts_as_a_one_off_cost(monkeypatch):
+    """oneDNN's packed copies stand in for the plain weights, which are rebuilt when the call
+    ends: a call must win back the packing AND the restore."""
+    monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
+
+    def measure(weights, rows):  # 33 ms a step saved; 100 ms packing, 150 ms restoring
+        return fp32_layout.Measurement(rows, 60.0, 27.0, 100.0, 1.0, 1, "oneDNN", restore_ms=150.0)
+
+    monkeypatch.setattr(fp32_layout, "measure", measure)
+    weights = [torch.zeros(8, 8)]
+    assert fp32_layout.layout_for(weights, rows=4, new_tokens=6) == "mkl"  # 198 ms < 250 ms
+    assert fp32_layout.layout_for(weights, rows=4, new_tokens=8) == "onednn"  # 264 ms >= 250 ms
+    assert "restoring 150 ms" in fp32_layout.measured()[0].describe()
+
+
+@needs_onednn
+def test_a_real_oneDNN_measurement_times_the_restore_and_MKL_has_none():
+    weights = [torch.randn(96, 64), torch.randn(64, 96)]
+    onednn = fp32_layout.measure(weights, rows=4)
+    assert onednn.restore_ms > 0 and onednn.one_off_ms == onednn.pack_ms + onednn.restore_ms
+    if getattr(torch._C, "has_mkl", False):
+        assert fp32_layout.measure_mkl_packing(weights, rows=4).restore_ms == 0.0
