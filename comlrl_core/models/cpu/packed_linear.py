@@ -143,7 +143,10 @@ class _PackedForward:
             self.siblings[0].restore()  # every sibling's: one plain pass needs them all back
         if self.released:
             assert self.packed is not None
-            self.layer.weight.data = self.packed.to_dense()
+            # outside inference mode even when the call ran in it: a weight made there would
+            # be an inference tensor, which no later training pass could use
+            with torch.inference_mode(False):
+                self.layer.weight.data = self.packed.to_dense()
             self.released = False
 
     def _packed_call(self, x: torch.Tensor) -> torch.Tensor:

@@ -83,6 +83,13 @@ def sibling_groups(model: nn.Module, can_fuse: Callable[[nn.Module], bool]) -> l
     return groups
 
 
+def _version(x: torch.Tensor) -> int:
+    """``x``'s version counter (bumped by every in-place change). Tensors made under
+    ``torch.inference_mode`` keep none: for them the identity and the served set decide
+    (the callers never change a sibling's input in place)."""
+    return -2 if x.is_inference() else x._version
+
+
 class FusedSiblings:
     """One set of siblings' stacked, oneDNN-packed weight (see the module docstring)."""
 
@@ -116,7 +123,7 @@ class FusedSiblings:
         when ``x`` is not the input of the last one or this sibling already had its share.
         ``decoding``: a decoding pass (packs at the first; the columns come as views); else
         a prefill pass after the packing (the plain stacked weight, rebuilt for the pass)."""
-        fresh = self._input is not x or self._version != x._version or index in self._served
+        fresh = self._input is not x or self._version != _version(x) or index in self._served
         if fresh:
             if decoding:
                 if self.packed is None:
@@ -126,7 +133,7 @@ class FusedSiblings:
             else:
                 assert self.packed is not None, "a prefill pass before the packing runs the plain layers"
                 out = F.linear(x, self.packed.to_dense(), self.bias)
-            self._input, self._version, self._output, self._served = x, x._version, out, set()
+            self._input, self._version, self._output, self._served = x, _version(x), out, set()
         assert self._output is not None
         self._served.add(index)
         start = self.starts[index]
@@ -140,7 +147,9 @@ class FusedSiblings:
         self._input = self._output = None
         if self.released:
             assert self.packed is not None
-            with torch.no_grad():
+            # outside inference mode even when the call ran in it (an inference tensor as a
+            # weight would break every later training pass)
+            with torch.no_grad(), torch.inference_mode(False):
                 stacked = self.packed.to_dense()
                 for layer, start, size in zip(self.layers, self.starts, self.sizes, strict=True):
                     layer.weight.data = stacked[start : start + size].clone()

@@ -600,3 +600,24 @@ def test_a_real_oneDNN_measurement_times_the_restore_and_MKL_has_none():
     assert onednn.restore_ms > 0 and onednn.one_off_ms == onednn.pack_ms + onednn.restore_ms
     if getattr(torch._C, "has_mkl", False):
         assert fp32_layout.measure_mkl_packing(weights, rows=4).restore_ms == 0.0
+
+
+@needs_onednn
+@pytest.mark.parametrize("fuse", [True, False])
+def test_weights_restored_after_an_inference_mode_call_can_still_train(monkeypatch, fuse):
+    """A call under ``torch.inference_mode`` releases and restores the plain weights; the
+    restored ones must be ordinary tensors, or every later training pass fails."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    monkeypatch.setattr(packed_linear, "FUSE_SIBLINGS", fuse)  # sibling sets and single layers
+    policy = _policy()
+    before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    cfg = GenerationConfig(max_new_tokens=6, temperature=0.0)
+    with torch.inference_mode():
+        policy.generate(["def add(a, b):", "x y"], 2, cfg, seed=1)
+    params = dict(policy.model.named_parameters())
+    assert not any(p.is_inference() for p in params.values())
+    assert all(torch.equal(params[name].detach(), value) for name, value in before.items())
+    logprobs, _ = policy.token_logprobs([[5, 6, 7]], [[8, 9]])
+    logprobs.sum().backward()
+    assert params["model.layers.0.self_attn.q_proj.weight"].grad is not None
+    assert params["model.layers.0.self_attn.o_proj.weight"].grad is not None

@@ -254,3 +254,34 @@ def test_lora_on_some_siblings_only_fuses_the_base_layers_with_the_same_samples(
     assert samples() == fused
     monkeypatch.setenv(fp32_layout.ENV_VAR, "mkl")
     assert samples() == fused
+
+
+@needs_onednn
+def test_sampling_under_inference_mode_keeps_the_stacked_weights_on(monkeypatch):
+    """Tensors made under ``torch.inference_mode`` keep no version counter: the stacked
+    product must not depend on one (reading it raised, and switched oneDNN off)."""
+    policy = _policy()
+    cfg = GenerationConfig(max_new_tokens=8, temperature=0.0)
+    prompts = ["def add(a, b):", "x y"]
+    expected = [[c.token_ids for c in g] for g in policy.generate(prompts, 2, cfg, seed=1)]
+    calls = _counting_linear(monkeypatch)
+    with torch.inference_mode():
+        samples = [[c.token_ids for c in g] for g in policy.generate(prompts, 2, cfg, seed=1)]
+    assert samples == expected
+    assert packed_linear.FP32_ONEDNN not in packed_linear._broken
+    groups, singles = packed_linear.onednn_units(policy.model)
+    assert len(calls) >= 7 * (len(groups) + len(singles))  # every decoding step on the stacked weights
+
+
+@needs_onednn
+def test_an_inference_tensor_input_is_served_once_per_sibling(monkeypatch):
+    layers = _siblings([64, 32])
+    calls = _counting_linear(monkeypatch)
+    fused = FusedSiblings(layers, rows=2)
+    with torch.inference_mode():
+        x = torch.randn(2, 64)
+        fused.output(0, x, decoding=True), fused.output(1, x, decoding=True)
+        assert len(calls) == 1
+        fused.output(0, x, decoding=True)  # served already: computed afresh
+        assert len(calls) == 2
+    fused.restore()
