@@ -46,7 +46,7 @@ import collections
 import contextlib
 import functools
 import logging
-from typing import Iterator, TypeGuard
+from typing import Iterator, NamedTuple, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -320,14 +320,24 @@ def onednn_units(model: nn.Module) -> tuple[list[list[nn.Linear]], list[nn.Linea
     return groups, singles
 
 
-def packed_format_for(model: nn.Module, rows: int, new_tokens: int | None) -> str | None:
+class PackingPlan(NamedTuple):
+    """How :func:`prepacked_linears` packs a model for one call."""
+
+    format: str | None  # the packed format, or None (the plain layers)
+    # oneDNN's format: the sibling sets stacked into one weight (the ones its measurement
+    # timed stacked); empty for other formats
+    sibling_sets: list[list[nn.Linear]]
+
+
+def packing_plan(model: nn.Module, rows: int, new_tokens: int | None) -> PackingPlan:
     """The format :func:`prepacked_linears` packs ``model`` in for a call of ``rows`` rows
-    and ``new_tokens`` tokens each, or None (the plain layers)."""
+    and ``new_tokens`` tokens each, and for oneDNN's the sibling sets it stacks (found once:
+    the walk costs ~20 ms for a LoRA team's SmolLM2)."""
     dtype = packing_dtype(model)
     if dtype == torch.bfloat16:
-        return None if new_tokens is not None and not packing_pays(rows, new_tokens) else BF16
+        return PackingPlan(None if new_tokens is not None and not packing_pays(rows, new_tokens) else BF16, [])
     if dtype != torch.float32:
-        return None
+        return PackingPlan(None, [])
     # a forced MKL layout skips the oneDNN probe and the walk over the layers
     if fp32_layout.forced_layout() != "mkl" and _available(FP32_ONEDNN):
         # measured as it would run: each set of siblings as one stacked weight
@@ -341,16 +351,16 @@ def packed_format_for(model: nn.Module, rows: int, new_tokens: int | None) -> st
             elif id(module) in single_ids:
                 weights.append(module.weight)  # type: ignore[arg-type]
         if fp32_layout.layout_for(weights, rows, new_tokens) == "onednn":
-            return FP32_ONEDNN
+            return PackingPlan(FP32_ONEDNN, groups)
     if not _fp32_packing_available():
-        return None
+        return PackingPlan(None, [])
     # MKL's copies of the large weights (the vocabulary projection): measured where they are
     # big enough to time, else the fixed rule
     large = [m.weight for m in model.modules() if _packable(m, FP32_MKL)]
     pays = fp32_layout.mkl_packing_pays(large, rows, new_tokens)
     if pays is None:
         pays = new_tokens is None or packing_pays(rows, new_tokens)
-    return FP32_MKL if pays else None
+    return PackingPlan(FP32_MKL if pays else None, [])
 
 
 @contextlib.contextmanager
@@ -360,7 +370,7 @@ def prepacked_linears(model: nn.Module, rows: int, new_tokens: int | None = None
     inside the autocast region the passes run in (it decides the packing dtype).
     ``new_tokens`` (tokens each row will decode): pack only where it pays (fp32 on MKL:
     :func:`packing_pays`; fp32 on oneDNN: :func:`fp32_layout.layout_for`)."""
-    packed_format = packed_format_for(model, rows, new_tokens)
+    packed_format, sibling_sets = packing_plan(model, rows, new_tokens)
     patched: list[nn.Linear] = []
     try:
         if packed_format is not None:
@@ -369,7 +379,7 @@ def prepacked_linears(model: nn.Module, rows: int, new_tokens: int | None = None
             uses = _weight_uses(model)
             fused: dict[int, tuple[nn.Linear, FusedSiblings, int]] = {}
             if packed_format == FP32_ONEDNN:
-                for group in onednn_units(model)[0]:
+                for group in sibling_sets:
                     shared = FusedSiblings(group, rows)
                     fused.update({id(layer): (layer, shared, index) for index, layer in enumerate(group)})
             try:

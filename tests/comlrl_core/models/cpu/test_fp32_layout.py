@@ -224,13 +224,13 @@ def test_a_measured_win_packs_in_onednn(monkeypatch):
     monkeypatch.setattr(fp32_layout, "measure", _fake_measure(60.0, 27.0, 1.0, calls))
     monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
     policy = _policy()
-    assert packed_linear.packed_format_for(policy.model, rows=16, new_tokens=48) == packed_linear.FP32_ONEDNN
+    assert packed_linear.packing_plan(policy.model, rows=16, new_tokens=48).format == packed_linear.FP32_ONEDNN
     assert calls == [16]
     # a measured loss keeps the MKL route (the vocabulary projection packed where it pays)
     monkeypatch.setattr(fp32_layout, "_measured", {})
     monkeypatch.setattr(fp32_layout, "measure", _fake_measure(27.0, 60.0, 1.0, calls))
-    assert packed_linear.packed_format_for(policy.model, rows=16, new_tokens=64) == packed_linear.FP32_MKL
-    assert packed_linear.packed_format_for(policy.model, rows=16, new_tokens=8) is None  # MKL's rule: too short
+    assert packed_linear.packing_plan(policy.model, rows=16, new_tokens=64).format == packed_linear.FP32_MKL
+    assert packed_linear.packing_plan(policy.model, rows=16, new_tokens=8).format is None  # MKL's rule: too short
 
 
 @needs_onednn
@@ -247,7 +247,7 @@ def test_a_failing_onednn_op_switches_that_layout_off_with_the_same_samples(monk
         assert _samples(policy) == expected
     assert packed_linear.FP32_ONEDNN in packed_linear._broken
     assert "fp32-onednn linear weights are off from now on" in caplog.text
-    assert packed_linear.packed_format_for(policy.model, rows=6, new_tokens=None) != packed_linear.FP32_ONEDNN
+    assert packed_linear.packing_plan(policy.model, rows=6, new_tokens=None).format != packed_linear.FP32_ONEDNN
 
 
 @needs_onednn
@@ -386,19 +386,12 @@ def test_a_packed_weight_replaces_the_plain_one_until_the_call_ends(monkeypatch)
 
 
 @needs_onednn
-def test_a_prefill_after_the_packing_runs_plain_on_the_released_weight(monkeypatch):
+def test_a_prefill_after_the_packing_runs_plain_on_the_released_weight(monkeypatch, record_onednn_rows):
     """oneDNN would keep a kernel for every prefill width: wide passes stay on the plain GEMM."""
     monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
     layer = torch.nn.Linear(64, 96)
     weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
-    widths: list[int] = []
-    real_linear = fp32_layout.onednn_linear
-
-    def recording_linear(x, packed, b):
-        widths.append(x.numel() // x.shape[-1])
-        return real_linear(x, packed, b)
-
-    monkeypatch.setattr(fp32_layout, "onednn_linear", recording_linear)
+    widths = record_onednn_rows()
     with torch.no_grad(), packed_linear.prepacked_linears(layer, rows=4, new_tokens=8):
         layer(torch.randn(4, 64))  # packs, releases the plain weight
         assert layer.weight.numel() == 0
@@ -554,10 +547,10 @@ def test_a_one_row_call_packs_the_large_weights_where_measured_to_pay(monkeypatc
     policy = _policy()
     model = policy.model
     assert not packed_linear.packing_pays(1, 96)  # the fixed rule alone: plain
-    assert packed_linear.packed_format_for(model, rows=1, new_tokens=96) == packed_linear.FP32_MKL
+    assert packed_linear.packing_plan(model, rows=1, new_tokens=96).format == packed_linear.FP32_MKL
     monkeypatch.setattr(fp32_layout, "_measured", {})
     monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _fake_measure(3.4, 3.6, 1.0, calls, "MKL"))
-    assert packed_linear.packed_format_for(model, rows=1, new_tokens=96) is None
+    assert packed_linear.packing_plan(model, rows=1, new_tokens=96).format is None
     ids = torch.randint(5, 100, (1, 1))
     monkeypatch.setattr(fp32_layout, "_measured", {})
     monkeypatch.setattr(fp32_layout, "measure_mkl_packing", _fake_measure(7.2, 3.5, 1.0, calls, "MKL"))

@@ -39,17 +39,14 @@ def _siblings(sizes: list[int], width: int = 64, bias: bool = False, seed: int =
     return [nn.Linear(width, size, bias=bias) for size in sizes]
 
 
-def _counting_linear(monkeypatch) -> list[int]:
-    """Rows of every oneDNN product from now on."""
-    calls: list[int] = []
-    real = fp32_layout.onednn_linear
-
-    def counting(x, packed, bias):
-        calls.append(x.numel() // x.shape[-1])
-        return real(x, packed, bias)
-
-    monkeypatch.setattr(fp32_layout, "onednn_linear", counting)
-    return calls
+def _same_in_every_route(monkeypatch, sample):
+    """``sample()`` (stacked, oneDNN) gives the same tokens with stacking off, then on MKL."""
+    stacked = sample()
+    monkeypatch.setattr(packed_linear, "FUSE_SIBLINGS", False)
+    assert sample() == stacked
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "mkl")
+    assert sample() == stacked
+    return stacked
 
 
 # ---------------------------------------------------------------------- which layers
@@ -97,10 +94,10 @@ def test_fusion_can_be_switched_off(monkeypatch):
 
 # ---------------------------------------------------------------------- the stacked product
 @needs_onednn
-def test_one_stacked_product_serves_every_sibling(monkeypatch):
+def test_one_stacked_product_serves_every_sibling(monkeypatch, record_onednn_rows):
     layers = _siblings([64, 32, 32], bias=True)
     plain = [(layer.weight.detach().clone(), layer.bias.detach().clone()) for layer in layers]
-    calls = _counting_linear(monkeypatch)
+    calls = record_onednn_rows()
     fused = FusedSiblings(layers, rows=4)
     x = torch.randn(4, 64)
     with torch.no_grad():
@@ -147,10 +144,10 @@ def test_any_call_order_gives_each_sibling_its_own_product(sizes, rows, order, b
 
 
 @needs_onednn
-def test_a_prefill_after_the_packing_gets_contiguous_columns_on_the_released_weights(monkeypatch):
+def test_a_prefill_after_the_packing_gets_contiguous_columns_on_the_released_weights(monkeypatch, record_onednn_rows):
     layers = _siblings([64, 32, 32])
     plain = [layer.weight.detach().clone() for layer in layers]
-    calls = _counting_linear(monkeypatch)
+    calls = record_onednn_rows()
     fused = FusedSiblings(layers, rows=2)
     with torch.no_grad():
         fused.output(0, torch.randn(2, 64), decoding=True)  # packs
@@ -164,14 +161,14 @@ def test_a_prefill_after_the_packing_gets_contiguous_columns_on_the_released_wei
 
 # ---------------------------------------------------------------------- inside a model
 @needs_onednn
-def test_a_decoding_pass_runs_one_product_per_set_of_siblings(monkeypatch):
+def test_a_decoding_pass_runs_one_product_per_set_of_siblings(monkeypatch, record_onednn_rows):
     policy = _policy()
     model = policy.model
     groups, singles = packed_linear.onednn_units(model)
     ids = torch.randint(5, 100, (6, 1))
     with torch.no_grad():
         expected = model(input_ids=ids).logits
-        calls = _counting_linear(monkeypatch)
+        calls = record_onednn_rows()
         with packed_linear.prepacked_linears(model, rows=6, new_tokens=8):
             logits = model(input_ids=ids).logits
             assert len(calls) == len(groups) + len(singles)  # 5 layers' products in 2 + 3 per layer
@@ -204,16 +201,13 @@ def test_samples_are_the_same_fused_or_not(monkeypatch, temperature):
     policy = _policy()
     cfg = GenerationConfig(max_new_tokens=8, temperature=temperature)
     prompts = ["def add(a, b):", "Write a story about a team", "x"]
-    samples = lambda: [[c.token_ids for c in g] for g in policy.generate(prompts, 2, cfg, seed=3)]  # noqa: E731
-    fused = samples()
-    monkeypatch.setattr(packed_linear, "FUSE_SIBLINGS", False)
-    assert samples() == fused
-    monkeypatch.setenv(fp32_layout.ENV_VAR, "mkl")
-    assert samples() == fused
+    _same_in_every_route(
+        monkeypatch, lambda: [[c.token_ids for c in g] for g in policy.generate(prompts, 2, cfg, seed=3)]
+    )
 
 
 @needs_onednn
-def test_lora_agents_sampled_together_are_the_same_fused_or_not(lora_team, monkeypatch):
+def test_lora_agents_sampled_together_are_the_same_fused_or_not(lora_team, monkeypatch, record_onednn_rows):
     """Adapters of two agents in one batch on fused base layers (the lean step adds each
     row's low-rank update to the sibling's columns in place)."""
     cfg = GenerationConfig(max_new_tokens=8, temperature=1.0, top_k=20)
@@ -222,14 +216,17 @@ def test_lora_agents_sampled_together_are_the_same_fused_or_not(lora_team, monke
         GenerationRequest(["x", "yy zz"], 2, cfg, list(range(21, 25))),
     ]
     ids = lambda results: [[[c.token_ids for c in g] for g in agent] for agent in results]  # noqa: E731
-    calls = _counting_linear(monkeypatch)
-    fused = ids(generate_together(list(lora_team), requests))
-    groups, singles = packed_linear.onednn_units(lora_team[0].model)
-    assert groups and len(calls) > 0
-    monkeypatch.setattr(packed_linear, "FUSE_SIBLINGS", False)
-    assert ids(generate_together(list(lora_team), requests)) == fused
-    monkeypatch.setenv(fp32_layout.ENV_VAR, "mkl")
-    assert ids(generate_together(list(lora_team), requests)) == fused
+    assert packed_linear.onednn_units(lora_team[0].model)[0]  # base layers to stack
+    calls = record_onednn_rows()
+    products_per_call: list[int] = []
+
+    def sample():
+        samples = ids(generate_together(list(lora_team), requests))
+        products_per_call.append(len(calls))
+        return samples
+
+    _same_in_every_route(monkeypatch, sample)
+    assert products_per_call[0] > 0  # the first, stacked call ran on oneDNN
 
 
 @needs_onednn
@@ -248,23 +245,20 @@ def test_lora_on_some_siblings_only_fuses_the_base_layers_with_the_same_samples(
     assert [id(m) for m in groups[0]] == [id(attn.q_proj.base_layer), id(attn.k_proj), id(attn.v_proj.base_layer)]
     cfg = GenerationConfig(max_new_tokens=8, temperature=1.0)
     prompts = ["def add(a, b):", "Write a story about a team"]
-    samples = lambda: [[c.token_ids for c in g] for g in policy.generate(prompts, 3, cfg, seed=5)]  # noqa: E731
-    fused = samples()
-    monkeypatch.setattr(packed_linear, "FUSE_SIBLINGS", False)
-    assert samples() == fused
-    monkeypatch.setenv(fp32_layout.ENV_VAR, "mkl")
-    assert samples() == fused
+    _same_in_every_route(
+        monkeypatch, lambda: [[c.token_ids for c in g] for g in policy.generate(prompts, 3, cfg, seed=5)]
+    )
 
 
 @needs_onednn
-def test_sampling_under_inference_mode_keeps_the_stacked_weights_on(monkeypatch):
+def test_sampling_under_inference_mode_keeps_the_stacked_weights_on(monkeypatch, record_onednn_rows):
     """Tensors made under ``torch.inference_mode`` keep no version counter: the stacked
     product must not depend on one (reading it raised, and switched oneDNN off)."""
     policy = _policy()
     cfg = GenerationConfig(max_new_tokens=8, temperature=0.0)
     prompts = ["def add(a, b):", "x y"]
     expected = [[c.token_ids for c in g] for g in policy.generate(prompts, 2, cfg, seed=1)]
-    calls = _counting_linear(monkeypatch)
+    calls = record_onednn_rows()
     with torch.inference_mode():
         samples = [[c.token_ids for c in g] for g in policy.generate(prompts, 2, cfg, seed=1)]
     assert samples == expected
@@ -274,9 +268,9 @@ def test_sampling_under_inference_mode_keeps_the_stacked_weights_on(monkeypatch)
 
 
 @needs_onednn
-def test_an_inference_tensor_input_is_served_once_per_sibling(monkeypatch):
+def test_an_inference_tensor_input_is_served_once_per_sibling(monkeypatch, record_onednn_rows):
     layers = _siblings([64, 32])
-    calls = _counting_linear(monkeypatch)
+    calls = record_onednn_rows()
     fused = FusedSiblings(layers, rows=2)
     with torch.inference_mode():
         x = torch.randn(2, 64)
