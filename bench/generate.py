@@ -497,12 +497,7 @@ def layout_lines() -> list[str]:
     setting where one is given, and what was measured (the default measures)."""
     from comlrl_core.models.cpu import fp32_layout
 
-    setting = os.environ.get(fp32_layout.ENV_VAR)
-    lines = [f"our fp32 weight layout: {fp32_layout.ENV_VAR}={setting}"] if setting else []
-    for m in fp32_layout.measured():
-        what = "weight layout" if m.packed_as == "oneDNN" else "packing of the large weights"
-        lines.append(f"our fp32 {what}, measured at {m.describe()} -> {m.verdict}")
-    return lines
+    return ["our fp32 " + line for line in fp32_layout.decision_lines()]
 
 
 def cpu_model() -> str:

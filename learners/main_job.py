@@ -39,6 +39,7 @@ from typing import Any, Mapping
 from comlrl_core.cli import add_debug_flag
 from comlrl_core.config.options import BaseConfig, ConfigError, check_positive, option
 from comlrl_core.episodes.intervals import DiffInterval, compare_episode_rows
+from comlrl_core.models.cpu import fp32_layout
 from comlrl_core.models.cpu.allocator import loaded_allocator
 from comlrl_core.models.precision import cpu_model_name
 from learners.common.evaluation import read_eval_episodes
@@ -274,13 +275,16 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path, command: str | None 
     episodes = int(before.get("eval/num_episodes", 0))
     command = command or "comlrl main " + shlex.join(["--out", str(out_dir), "--config", str(out_dir / "config.yaml")])
     seconds, peak = round(time.perf_counter() - started, 1), round(peak_rss_gib(), 3)
+    layouts = fp32_layout.decision_lines()
     (out_dir / "eval.md").write_text(
         f"# Held-out evaluation ({cfg.env_id}, tasks {cfg.eval_task_slice}, first {cfg.eval_num_tasks}, "
         f"n={cfg.eval_n_samples})\n\n" + table + f"\n{episodes} held-out episodes before and after "
         f"(paired by problem and sample), seed {magrpo.seed}; 95% CI: paired bootstrap over problems, "
         f"{BOOTSTRAP_RESAMPLES} resamples, bootstrap seed {BOOTSTRAP_SEED}.\n\nCommand: `{command}`\n\n"
         f"Wall time {seconds} s after start-up (team building, training, both evaluations); "
-        f"peak RSS {peak:.2f} GiB ({allocator} malloc); CPU: {cpu_model_name()}.\n"
+        f"peak RSS {peak:.2f} GiB ({allocator} malloc); CPU: {cpu_model_name()}.\n\n"
+        # the layouts sum in different orders: which ones ran is part of what the numbers are
+        "fp32 weight layouts of the sampling calls:\n" + "".join(f"- {line}\n" for line in layouts)
     )
     eval_json = {
         "before": before,
@@ -294,6 +298,7 @@ def run_main_job(cfg: MainJobConfig, out_dir: pathlib.Path, command: str | None 
         "peak_rss_gib": peak,
         "allocator": allocator,
         "cpu": cpu_model_name(),
+        "fp32_layouts": layouts,
     }
     (out_dir / "eval.json").write_text(json.dumps(eval_json, indent=2))
     _plot_components(comparison, out_dir / "eval_components.png")

@@ -19,3 +19,12 @@ for _dirpath, _dirnames, _filenames in os.walk(_TESTS):
     _helpers = [f for f in _filenames if f.endswith(".py") and not f.startswith(("test_", "conftest"))]
     if _helpers and _dirpath not in sys.path:
         sys.path.append(_dirpath)
+
+import pytest  # noqa: E402 - after the path set-up above
+
+
+@pytest.fixture(autouse=True)
+def _no_fp32_layout_record(monkeypatch):
+    """Tests measure for themselves: no layout measurement read from or written to the
+    user's cache (comlrl_core.models.cpu.layout_record); its own tests point it at a file."""
+    monkeypatch.setenv("COMLRL_FP32_LAYOUT_RECORD", "off")

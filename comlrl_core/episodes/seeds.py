@@ -9,18 +9,12 @@ learners' ``learners.common.seeding.derive_seed``.
 
 from __future__ import annotations
 
-import numpy as np
+from comlrl_core.run.seeds import derive_seed
 
 __all__ = ["derive_seed", "episode_seed", "generation_seed"]
 
 # Seed-path tags keep the two streams of an episode apart.
 _RESET, _GENERATE = 1, 2
-
-
-def derive_seed(base: int, *keys: int) -> int:
-    """A seed in ``[0, 2**31)`` that depends on ``base`` and every key, order included."""
-    entropy = [int(base) & 0xFFFFFFFF] + [int(k) & 0xFFFFFFFF for k in keys]
-    return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def episode_seed(seed: int, task: int, sample: int) -> int:

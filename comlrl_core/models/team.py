@@ -6,8 +6,11 @@ Public API::
               lora_target_modules=None, dtype="fp32", device="auto",
               gradient_checkpointing=False, use_chat_template=True, system_prompt=None,
               share_base=True, name=None)                 (from comlrl_core.models.agent_spec)
-    Team.from_specs(agents: Sequence[AgentSpec | Policy | str | callable]) -> Team
+    Team.from_specs(agents: Sequence[AgentSpec | Policy | str | callable], seed=None) -> Team
         str -> AgentSpec(model=str); a plain callable -> CallablePolicy; a Policy is used as is.
+        seed: new weights (LoRA adapters, any weight a checkpoint lacks) drawn from it, agent
+        by agent, so the same seed builds the same team in any process (None: from torch's
+        global random state, which a fresh process seeds from the OS).
     Team(policies: Sequence[Policy])
     team[i], len(team), iter(team), team.policies, team.names
     team.trainable_parameters(i) -> list[Parameter]   (agent i's own, e.g. its adapter)
@@ -27,6 +30,7 @@ model of memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Callable, Iterator, Sequence, Union
 
@@ -37,8 +41,11 @@ from comlrl_core.models.hf_policy import TransformersPolicy, load_base_model
 from comlrl_core.models.lora import SharedLoraBase
 from comlrl_core.models.model_source import load_tokenizer, resolve_model_source
 from comlrl_core.policy import Policy
+from comlrl_core.run.seeds import derive_seed, torch_seeded
 
 __all__ = ["AgentSpec", "Team"]
+
+_INIT_TAG = 0x7EA4  # seed-path tag of the weights drawn while building agent i
 
 AgentLike = Union[AgentSpec, Policy, str, Callable[..., Any]]
 
@@ -75,8 +82,16 @@ class Team:
 
     # -- construction ------------------------------------------------------------------
     @classmethod
-    def from_specs(cls, agents: Sequence[AgentLike]) -> "Team":
-        """Build agents, loading each distinct shared base only once."""
+    def from_specs(cls, agents: Sequence[AgentLike], seed: int | None = None) -> "Team":
+        """Build agents, loading each distinct shared base only once. With ``seed``, every
+        weight that is drawn rather than loaded (a new LoRA adapter's A matrix, say) comes
+        from a seed derived from ``seed`` and the agent's index, the same in every process;
+        the global random state is left as it was."""
+
+        def drawing(index: int) -> contextlib.AbstractContextManager[None]:
+            # per agent, so an agent's initial weights do not depend on the agents before it
+            return torch_seeded(derive_seed(seed, _INIT_TAG, index)) if seed is not None else contextlib.nullcontext()
+
         if isinstance(agents, (str, AgentSpec, Policy)):
             raise TypeError("Team.from_specs takes a list of agents, e.g. [spec0, spec1]")
         items = [_as_spec_or_policy(a, i) for i, a in enumerate(agents)]
@@ -108,17 +123,22 @@ class Team:
             first = specs[members[0]]
             source = sources[members[0]]
             tokenizer = load_tokenizer(source)
-            shared = SharedLoraBase(load_base_model(source, first))
+            with drawing(members[0]):
+                shared = SharedLoraBase(load_base_model(source, first))
             for i in members:
                 # sources[i]: members share the base but not a warm-start adapter folder
-                policies[i] = TransformersPolicy.with_new_adapter(shared, tokenizer, specs[i], f"agent_{i}", sources[i])
+                with drawing(i):
+                    policies[i] = TransformersPolicy.with_new_adapter(
+                        shared, tokenizer, specs[i], f"agent_{i}", sources[i]
+                    )
         built: list[Policy] = []
         for i, item in enumerate(items):
             policy = policies[i]
-            if policy is None:
-                policy = (
-                    item if isinstance(item, Policy) else TransformersPolicy.from_spec(item, adapter_name=f"agent_{i}")
-                )
+            if policy is None and isinstance(item, Policy):
+                policy = item
+            elif policy is None:
+                with drawing(i):
+                    policy = TransformersPolicy.from_spec(specs[i], adapter_name=f"agent_{i}")
             built.append(policy)
         return cls(built)
 

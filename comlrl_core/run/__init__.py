@@ -1,1 +1,1 @@
-"""Run machinery shared by trainers: checkpoints, metrics logging, progress bars, RNG state."""
+"""Run machinery shared by trainers: checkpoints, metrics logging, progress bars, RNG state, seeds."""

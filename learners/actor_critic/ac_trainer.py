@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 from comlrl_core.models.cpu.memory_stats import end_of_phase, host_memory_metrics
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
+from comlrl_core.run.seeds import torch_seeded
 from learners.actor_critic.ac_config import ActorCriticConfig
 from learners.actor_critic.critics import Critic, ModelCritic
 from learners.actor_critic.episode_buffer import EpisodeBuffer
@@ -49,7 +50,7 @@ from learners.common.trainer_utils import (
 )
 
 # Seed-path tags: keep the random streams of different purposes apart.
-_ROLLOUT, _SHUFFLE, _ORDER, _EVAL = 1, 3, 4, 5
+_ROLLOUT, _SHUFFLE, _ORDER, _EVAL, _CRITIC_INIT = 1, 3, 4, 5, 6
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,10 @@ class ActorCriticTrainer(TaskItemTraining, TrainerCommon):
                     f"agent {i} ({policy.name}) has no trainable parameters; {self.algorithm_name} trains every agent"
                 )
             self.actor_optimizers.append(adamw(params, lr=config.agent_learning_rate, **adamw_settings(config)))
-        self.critics = list(critics) if critics is not None else self._build_critics()
+        if critics is None:
+            with torch_seeded(derive_seed(config.seed, _CRITIC_INIT)):  # new heads: the same in every run
+                critics = self._build_critics()
+        self.critics = list(critics)
         self._check_critics(self.critics)
         self.critic_optimizers = [
             adamw(c.trainable_parameters(), lr=config.resolved_critic_learning_rate, **adamw_settings(config))

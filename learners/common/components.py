@@ -80,7 +80,8 @@ def build_team(config: Any, env: str | Callable[..., Any]) -> Any:
         )
         for m in models
     ]
-    return Team.from_specs(specs)
+    # the config's seed draws the new weights (LoRA adapters), as it draws everything else
+    return Team.from_specs(specs, seed=getattr(config, "seed", None))
 
 
 class DatasetEnvFactory:
@@ -106,7 +107,7 @@ def _is_transformers_model(obj: Any) -> bool:
     return not isinstance(obj, Policy) and callable(getattr(obj, "generate", None)) and hasattr(obj, "config")
 
 
-def _team_from_objects(agents: Sequence[Any], tokenizer: Any) -> Any:
+def _team_from_objects(agents: Sequence[Any], tokenizer: Any, seed: int | None) -> Any:
     """A Team from policies, AgentSpecs, model sources or transformers model objects."""
     from comlrl_core.models.hf_policy import TransformersPolicy
     from comlrl_core.models.team import Team
@@ -121,7 +122,7 @@ def _team_from_objects(agents: Sequence[Any], tokenizer: Any) -> Any:
             items.append(TransformersPolicy(agent, tokenizer, name=f"agent_{i}"))
         else:
             items.append(agent)
-    return Team.from_specs(items)
+    return Team.from_specs(items, seed=seed)
 
 
 def _check_tokenizer(team: Any, tokenizer: Any) -> None:
@@ -241,5 +242,5 @@ def build_from_components(
     elif hasattr(agents, "policies"):
         team = agents
     else:
-        team = _team_from_objects(list(agents), tokenizer)
+        team = _team_from_objects(list(agents), tokenizer, config.seed)
     return trainer_cls(config, team, factory, **trainer_kwargs)

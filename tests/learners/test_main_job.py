@@ -9,7 +9,8 @@ from comlrl_core.models.cpu.allocator import loaded_allocator
 from comlrl_core.run.metrics import read_metrics
 
 
-def test_main_job_writes_the_run_folder(tmp_path):
+def test_main_job_writes_the_run_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMLRL_FP32_LAYOUT", raising=False)  # the default: measured where it matters
     out = tmp_path / "run"
     rc = cli_main(
         [
@@ -49,6 +50,10 @@ def test_main_job_writes_the_run_folder(tmp_path):
     assert f"peak RSS {evals['peak_rss_gib']:.2f} GiB" in table and evals["cpu"] in table
     # ... and the C allocator that served the process (it moves the peak by about 1 GiB)
     assert evals["allocator"] == loaded_allocator() and f"({evals['allocator']} malloc)" in table
+    # ... and what decided the fp32 weight layouts its sampling ran in (the suite keeps no
+    # record; the tiny model is too small to measure, so there are no measurements)
+    assert evals["fp32_layouts"] == ["COMLRL_FP32_LAYOUT_RECORD=off: measured in this process"]
+    assert "fp32 weight layouts of the sampling calls:\n- COMLRL_FP32_LAYOUT_RECORD=off" in table
     # the table's "after" column is what `comlrl eval --checkpoint` gives for the run folder
     replay = tmp_path / "replay.json"
     assert cli_main(["eval", "--checkpoint", str(out), "--out", str(replay)]) == 0

@@ -24,12 +24,14 @@ Xeon (AMX)          13.4 -> 21.1 ms 19.1 -> 20.3 ms 28.2 -> 27.8 ms
 So nothing is assumed. The first call of a row-count class (1 row, 2-7, 8 or more) times one
 pass over a sample of the model's own weights (:func:`measured_sample`: the first
 :data:`MEASURE_SAMPLE_BYTES`, whole blocks) each way, taking turns, best of three. The answer
-is kept for the process. oneDNN is used where it saves at least :data:`MIN_SAVING` of a pass
-and the saving over the call's tokens exceeds the measured packing time plus the time to
-rebuild the plain weights from the packed copies at the call's end (oneDNN's copies stand in
-for them; at one row on an AMD EPYC the restore tipped 48-token calls back to MKL, where
-decoding measured no faster in oneDNN). Models whose linear
-weights total less than :data:`MEASURE_MIN_BYTES` keep ``"mkl"`` without measuring: too
+is kept for the process, and on disk for later processes on the same machine
+(:mod:`comlrl_core.models.cpu.layout_record`: the timing moves with the machine's load, and
+a seeded run must decide as the run before it did). oneDNN is used where it saves at least
+:data:`MIN_SAVING` of a pass and the saving over the call's tokens exceeds the measured
+packing time plus the time to rebuild the plain weights from the packed copies at the
+call's end (oneDNN's copies stand in for them; at one row on an AMD EPYC the restore tipped
+48-token calls back to MKL, where decoding measured no faster in oneDNN). Models whose
+linear weights total less than :data:`MEASURE_MIN_BYTES` keep ``"mkl"`` without measuring: too
 small for the choice to matter, and small test models stay deterministic.
 
 The default (``COMLRL_FP32_LAYOUT`` unset, or ``=auto``) measures as above; ``=onednn``
@@ -42,6 +44,7 @@ Public API::
     layout_for(weights, rows, new_tokens) -> "mkl" | "onednn"
     mkl_packing_pays(large weights, rows, new_tokens) -> bool | None  (None: too small to measure)
     measured() -> list[Measurement]   (this process's measurements, for benchmarks)
+    decision_lines() -> list[str]     (what decided the layouts, for run reports)
     onednn_pack(weight, rows) / onednn_linear(x, packed, bias)
 """
 
@@ -50,11 +53,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from comlrl_core.models.cpu import layout_record
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +90,7 @@ class Measurement:
     threads: int
     packed_as: str = "oneDNN"  # the packed format timed against plain MKL
     restore_ms: float = 0.0
+    recorded: bool = False  # read from the record of an earlier process (layout_record), not timed here
 
     @property
     def saving_ms(self) -> float:
@@ -107,7 +113,9 @@ class Measurement:
         return (
             f"{self.rows} row(s), {self.weight_mb:.0f} MB of weights, {self.threads} thread(s): "
             f"a pass {self.plain_ms:.1f} ms plain, {self.packed_ms:.1f} ms {self.packed_as}-packed; "
-            f"packing {self.pack_ms:.0f} ms" + (f" + restoring {self.restore_ms:.0f} ms" if self.restore_ms else "")
+            f"packing {self.pack_ms:.0f} ms"
+            + (f" + restoring {self.restore_ms:.0f} ms" if self.restore_ms else "")
+            + (" (recorded by an earlier process)" if self.recorded else "")
         )
 
 
@@ -273,7 +281,8 @@ def _packing_pays(
 ) -> bool | None:
     """Whether packed copies of ``weights`` (timed by ``measure_fn``) pay for a call of
     ``rows`` rows decoding ``new_tokens`` tokens each (None: unknown, assumed to pay),
-    measured once per process, ``kind`` and row-count class; None when the weights are too
+    measured once per ``kind``, row-count class and machine (kept in the process and in
+    :mod:`~comlrl_core.models.cpu.layout_record`'s file); None when the weights are too
     small to measure."""
     if not weights or _nbytes(weights) < MEASURE_MIN_BYTES:
         return None
@@ -281,17 +290,36 @@ def _packing_pays(
     key = (kind, tuple(_shapes(w) for w in weights), measured_rows, torch.get_num_threads())
     found = _measured.get(key)
     if found is None:
-        # the decision compares ratios (speed, packing per saving), which a sample keeps
-        found = _measured[key] = measure_fn(measured_sample(weights), measured_rows)
+        record_key = layout_record.case_key(*key)
+        found = _from_record(record_key)
+        if found is None:
+            # the decision compares ratios (speed, packing per saving), which a sample keeps
+            found = measure_fn(measured_sample(weights), measured_rows)
+            layout_record.record(record_key, {k: v for k, v in asdict(found).items() if k != "recorded"})
+        _measured[key] = found
         logger.info("fp32 %s measured, %s -> %s", kind, found.describe(), found.verdict)
     if not found.faster():
         return False
     return new_tokens is None or found.saving_ms * new_tokens >= found.one_off_ms  # else too short a call
 
 
+def _from_record(record_key: str) -> Measurement | None:
+    """An earlier process's measurement of this case (layout_record), or None."""
+    stored = layout_record.recorded(record_key)
+    names = {f.name for f in fields(Measurement)} - {"recorded"}
+    if stored is None or set(stored) != names:
+        return None  # none, or written by a version with other fields: measured again
+    numbers = [v for k, v in stored.items() if k != "packed_as"]
+    if not isinstance(stored["packed_as"], str) or any(
+        isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers
+    ):
+        return None
+    return Measurement(**stored, recorded=True)
+
+
 def mkl_packing_pays(weights: Sequence[torch.Tensor], rows: int, new_tokens: int | None) -> bool | None:
     """Whether MKL's packed copies of these (large) ``weights`` pay for a call of ``rows``
-    rows decoding ``new_tokens`` tokens each, measured once per process and row-count
+    rows decoding ``new_tokens`` tokens each, measured once per machine and row-count
     class; None when they are too small to measure (the caller keeps its fixed rule).
 
     Measured because the answer depends on the CPU: SmolLM2's vocabulary projection at one
@@ -313,3 +341,16 @@ def layout_for(weights: Sequence[Weights], rows: int, new_tokens: int | None) ->
 def measured() -> list[Measurement]:
     """This process's measurements, in the order they were made."""
     return list(_measured.values())
+
+
+def decision_lines() -> list[str]:
+    """What decided this process's fp32 layouts, one line each: a forced setting, where the
+    measurements are kept, every measurement and its verdict (for run reports and benchmarks)."""
+    setting = os.environ.get(ENV_VAR)
+    lines = [f"{ENV_VAR}={setting}"] if setting else []
+    path = layout_record.record_path()
+    lines.append(f"measurements kept in {path}" if path else f"{layout_record.ENV_VAR}=off: measured in this process")
+    for m in measured():
+        what = "weight layout" if m.packed_as == "oneDNN" else "packing of the large weights"
+        lines.append(f"{what}, measured at {m.describe()} -> {m.verdict}")
+    return lines

@@ -215,3 +215,48 @@ def test_activate_is_the_contract_switch_for_direct_model_calls(tiny_path):
             logits.append(agent.model(input_ids=ids).logits)
     assert not torch.allclose(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
     assert CallablePolicy(lambda prompt: prompt, name="echo").activate() is None  # nothing to switch
+
+
+def _lora_weights(team) -> list[dict[str, torch.Tensor]]:
+    return [{n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n} for policy in team]
+
+
+def test_a_seed_builds_the_same_adapters_whatever_the_global_random_state(tiny_path):
+    """torch seeds a fresh process from the OS; a team built with a seed must not depend on it."""
+    specs = [AgentSpec(tiny_path, lora=True, lora_r=4, device="cpu") for _ in range(2)]
+    torch.manual_seed(1)
+    first = _lora_weights(Team.from_specs(specs, seed=5))
+    torch.manual_seed(2)
+    torch.rand(10)
+    state = torch.random.get_rng_state()
+    second = _lora_weights(Team.from_specs(specs, seed=5))
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's stream is untouched
+    for a, b in zip(first, second, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    # the A matrices are drawn (B starts at zero): per agent, and per seed
+    a_0 = [w for n, w in first[0].items() if "lora_A" in n]
+    a_1 = [w for n, w in first[1].items() if "lora_A" in n]
+    assert a_0 and not any(torch.equal(x, y) for x, y in zip(a_0, a_1, strict=True))
+    third = _lora_weights(Team.from_specs(specs, seed=6))
+    assert not any(torch.equal(first[0][n], third[0][n]) for n in first[0] if "lora_A" in n)
+
+
+def test_without_a_seed_the_adapters_follow_the_global_random_state(tiny_path):
+    specs = [AgentSpec(tiny_path, lora=True, lora_r=4, device="cpu")]
+    torch.manual_seed(1)
+    first = _lora_weights(Team.from_specs(specs))[0]
+    torch.manual_seed(1)
+    same = _lora_weights(Team.from_specs(specs))[0]
+    torch.manual_seed(2)
+    other = _lora_weights(Team.from_specs(specs))[0]
+    assert all(torch.equal(first[n], same[n]) for n in first)
+    assert not all(torch.equal(first[n], other[n]) for n in first)
+
+
+def test_an_unshared_agent_is_seeded_too(tiny_path):
+    specs = [AgentSpec(tiny_path, lora=True, lora_r=4, device="cpu", share_base=False)]
+    torch.manual_seed(1)
+    first = _lora_weights(Team.from_specs(specs, seed=3))[0]
+    torch.manual_seed(2)
+    second = _lora_weights(Team.from_specs(specs, seed=3))[0]
+    assert first and all(torch.equal(first[n], second[n]) for n in first)

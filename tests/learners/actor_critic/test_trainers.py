@@ -267,3 +267,19 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert resumed.update_log == [r for r in straight.update_log if r.global_step > 3]
     for a, b in zip(_weights(straight), _weights(resumed), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_new_critics_are_drawn_from_the_configs_seed(team, tmp_path, separate):
+    """Value heads are new weights: the same config seed gives the same critics whatever
+    torch's global random state (a fresh process seeds it from the OS)."""
+
+    def critic_weights(global_seed: int, seed: int) -> list[torch.Tensor]:
+        torch.manual_seed(global_seed)
+        cfg = IACConfig(**base_options(tmp_path, use_separate_critic=separate, seed=seed))
+        trainer = IACTrainer(cfg, team, ENV)
+        return [p.detach().clone() for c in trainer.critics for p in c.trainable_parameters()]
+
+    first, again, other = critic_weights(1, 0), critic_weights(2, 0), critic_weights(1, 5)
+    assert first and all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))

@@ -266,3 +266,18 @@ def test_gradient_checkpointing_option_reaches_every_agent(checkpointing):
     config = MAGRPOConfig(agent_models=["tiny-random"], num_agents=2, lora=True, gradient_checkpointing=checkpointing)
     team = build_team(config, "comlrl/Writing-v0")
     assert [is_checkpointing(p.model) for p in team] == [checkpointing, checkpointing]
+
+
+def test_the_configs_seed_draws_the_teams_new_adapters():
+    """comlrl train / comlrl main build the team here: its LoRA adapters must come from the
+    run's seed, not from torch's per-process random state (a seeded run repeats)."""
+
+    def adapters(seed: int, global_seed: int) -> list[torch.Tensor]:
+        torch.manual_seed(global_seed)
+        config = MAGRPOConfig(agent_models=["tiny-random"], num_agents=2, lora=True, seed=seed)
+        team = build_team(config, "comlrl/Writing-v0")
+        return [p.detach().clone() for policy in team for n, p in policy.named_parameters() if "lora_A" in n]
+
+    first, again, other = adapters(7, 1), adapters(7, 2), adapters(8, 1)
+    assert first and all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
