@@ -28,13 +28,15 @@ def derive_seed(base: int, *keys: int) -> int:
 @contextlib.contextmanager
 def torch_seeded(seed: int) -> Iterator[None]:
     """torch's global random state seeded with ``seed`` inside the block (CPU and every
-    visible CUDA device) and put back as it was after it: what the block draws (a new
-    adapter's or head's initial weights) depends on ``seed`` alone, and the caller's own
-    random stream is untouched. torch seeds a fresh process from the OS, so without this
-    such weights differ in every run."""
+    CUDA device) and put back as it was after it (CUDA's where CUDA is already running):
+    what the block draws (a new adapter's or head's initial weights) depends on ``seed``
+    alone, and the caller's own random stream is untouched. torch seeds a fresh process
+    from the OS, so without this such weights differ in every run."""
     import torch
 
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    # CUDA generators are saved and put back only where CUDA already runs: reading them would
+    # start CUDA in a CPU-only process (torch.manual_seed seeds them lazily either way)
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
