@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 from comlrl_core.cli import main as cli_main
+from comlrl_core.models.cpu import fp32_layout
 from comlrl_core.models.cpu.allocator import loaded_allocator
 from comlrl_core.run.metrics import read_metrics
 
 
 def test_main_job_writes_the_run_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("COMLRL_FP32_LAYOUT", raising=False)  # the default: measured where it matters
+    monkeypatch.setattr(fp32_layout, "_measured", {})  # as in a fresh process: no other test's measurements
     out = tmp_path / "run"
     rc = cli_main(
         [
