@@ -6,7 +6,16 @@ from typing import Callable
 
 import pytest
 
-from comlrl_core.models.cpu import fp32_layout
+from comlrl_core.models.cpu import fp32_layout, packed_linear
+
+
+@pytest.fixture(autouse=True)
+def fresh_layout_state(monkeypatch):
+    """Each test starts without layout measurements (as a fresh process does) and leaves
+    oneDNN switched on for the next one, whatever it broke."""
+    monkeypatch.setattr(fp32_layout, "_measured", {})
+    yield
+    packed_linear._broken.discard(packed_linear.FP32_ONEDNN)
 
 
 @pytest.fixture

@@ -24,12 +24,9 @@ needs_onednn = pytest.mark.skipif(not _onednn_available(), reason="no oneDNN fp3
 
 
 @pytest.fixture(autouse=True)
-def fresh_measurements(monkeypatch):
-    """Each test starts measuring (``auto``), without measurements, and leaves none behind."""
+def measuring(monkeypatch):
+    """Each test measures (``auto``); conftest starts it without measurements."""
     monkeypatch.setenv(fp32_layout.ENV_VAR, "auto")
-    monkeypatch.setattr(fp32_layout, "_measured", {})
-    yield
-    packed_linear._broken.discard(packed_linear.FP32_ONEDNN)
 
 
 def test_row_classes():

@@ -18,11 +18,10 @@ WEIGHTS = [torch.zeros(8, 8), torch.zeros(16, 8)]
 
 @pytest.fixture
 def record_file(monkeypatch, tmp_path):
-    """A record of its own, and a process without measurements (as a fresh one starts)."""
+    """A record of its own (conftest starts the process without measurements)."""
     path = tmp_path / "cache" / "layout.json"
     monkeypatch.setenv(layout_record.ENV_VAR, str(path))
     monkeypatch.setenv(fp32_layout.ENV_VAR, "auto")
-    monkeypatch.setattr(fp32_layout, "_measured", {})
     monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
     monkeypatch.setattr(layout_record, "_warned", set())
     return path
@@ -139,14 +138,8 @@ def test_an_unusable_record_is_measured_over_and_rewritten(monkeypatch, record_f
     assert calls == [16]  # the rewritten record serves the next process
 
 
-def test_an_unwritable_folder_warns_once_and_keeps_the_decision(monkeypatch, tmp_path, caplog):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    monkeypatch.setenv(layout_record.ENV_VAR, str(blocker / "layout.json"))  # its folder is a file
-    monkeypatch.setenv(fp32_layout.ENV_VAR, "auto")
-    monkeypatch.setattr(fp32_layout, "_measured", {})
-    monkeypatch.setattr(fp32_layout, "MEASURE_MIN_BYTES", 0)
-    monkeypatch.setattr(layout_record, "_warned", set())
+def test_an_unwritable_folder_warns_once_and_keeps_the_decision(monkeypatch, record_file, caplog):
+    record_file.parent.write_text("")  # the record's folder is a file
     calls = _measuring(monkeypatch, 60.0, 27.0, 1.0)
     with caplog.at_level(logging.WARNING, logger=layout_record.__name__):
         assert fp32_layout.layout_for(WEIGHTS, rows=16, new_tokens=48) == "onednn"

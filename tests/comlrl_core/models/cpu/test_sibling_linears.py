@@ -24,9 +24,6 @@ needs_onednn = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def forced_onednn(monkeypatch):
     monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
-    monkeypatch.setattr(fp32_layout, "_measured", {})
-    yield
-    packed_linear._broken.discard(packed_linear.FP32_ONEDNN)
 
 
 def _policy() -> TransformersPolicy:
