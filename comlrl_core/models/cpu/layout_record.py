@@ -5,9 +5,13 @@ copy of the large weights pays) by timing both on the model's own weights. Timin
 with the machine's load, and the layouts sum products in different orders, so they do not
 sample exactly the same tokens (on an AMD EPYC, 1 row in 16 differed over 96 tokens). Two
 runs of one seeded job could then decide a row class near the threshold differently and
-drift apart. So the first process to measure a case writes the measurement here, and later
+drift apart. So the processes that measure a case write the measurement here, and later
 processes read it instead of timing again: a seeded run repeats on the same machine, and
-skips the measurement (a few hundred ms per row-count class).
+skips the measurement (a few hundred ms per row-count class). The first few processes
+(``fp32_layout.RECORD_MEASUREMENTS``) each time the case again and merge their timings into
+the record, so that one measurement taken on a busy machine cannot decide for good (on an
+AMD EPYC, a first process timed 16 rows at 29.2 ms plain and 28.5 ms packed, a pass that
+later processes timed at 18-21 and 15-18 ms).
 
 A case is keyed by what the timing depends on: the kind of decision, the weight shapes,
 the row-count class, the thread count, the CPU model and the torch version. Anything the
@@ -44,7 +48,7 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "COMLRL_FP32_LAYOUT_RECORD"
 FILE_NAME = "fp32_layout.json"
 _OFF = ("off", "0", "false", "no", "none")
-_FORMAT = 1  # bumped when the fields change: older files are then measured over
+_FORMAT = 2  # bumped when the fields change: older files are then measured over (2: merged measurements)
 _warned: set[tuple[str, str]] = set()  # (file, what went wrong): one WARNING each
 
 

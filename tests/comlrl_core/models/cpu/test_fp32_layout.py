@@ -110,6 +110,16 @@ def test_a_real_measurement_times_both_layouts():
     assert "4 row(s)" in m.describe() and "oneDNN-packed" in m.describe()
 
 
+def test_the_first_pass_of_each_layout_is_not_timed(monkeypatch):
+    """First calls create oneDNN's kernels and touch fresh inputs: a pass each runs before
+    the timed turns, which then number _REPEATS a side."""
+    passes: list[str] = []
+    monkeypatch.setattr(fp32_layout, "_timed_pass", lambda fn, ops: passes.append(fn.__name__) or 1.0)
+    fp32_layout.measure_mkl_packing([torch.randn(64, 32)], rows=4)
+    plain, packed = passes[0], passes[1]
+    assert plain != packed and passes.count(plain) == passes.count(packed) == fp32_layout._REPEATS + 1
+
+
 @needs_onednn
 @settings(max_examples=25, deadline=None)
 @given(
