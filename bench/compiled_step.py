@@ -112,19 +112,23 @@ class Step:
         # narrow(), not indexing: a symbolic index would make the compiler specialise on it
         key_store.narrow(3, length - 1, 1).copy_(k[..., None])
         value_store.narrow(2, length - 1, 1).copy_(v[:, :, None])
-        keys = key_store[..., :length].reshape(rows * kv_heads, dim, length)
-        values = value_store[:, :, :length].reshape(rows * kv_heads, length, dim)
-        grouped = q.reshape(rows * kv_heads, heads // kv_heads, dim)
-        if self.fused_attention:
-            scores = (grouped[..., None] * keys[:, None]).sum(2) * self.scaling + bias
-            attended = (scores.softmax(-1)[..., None] * values[:, None]).sum(2)
-        else:
-            scores = torch.baddbmm(bias, grouped, keys, alpha=self.scaling)
-            attended = torch.bmm(scores.softmax(-1), values)
+        attended = self.attend(q.reshape(rows * kv_heads, heads // kv_heads, dim), key_store, value_store, bias)
         hidden = hidden + product(attended.reshape(rows, heads * dim), layer_id, 1, self.hidden)
         gate_up = product(self.rms(hidden, norms[1]), layer_id, 2, 2 * self.intermediate)
         gated = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
         return hidden + product(gated, layer_id, 3, self.hidden)
+
+    def attend(self, grouped, key_store, value_store, bias) -> torch.Tensor:
+        """Grouped-query attention of ``grouped [B * Hkv, groups, D]`` over the cache's first
+        ``bias.shape[-1]`` tokens: ``[B * Hkv, groups, D]``."""
+        rows_heads, dim, length = grouped.shape[0], self.head_dim, bias.shape[-1]
+        keys = key_store[..., :length].reshape(rows_heads, dim, length)  # views of the stores
+        values = value_store[:, :, :length].reshape(rows_heads, length, dim)
+        if self.fused_attention:
+            scores = (grouped[..., None] * keys[:, None]).sum(2) * self.scaling + bias
+            return (scores.softmax(-1)[..., None] * values[:, None]).sum(2)
+        scores = torch.baddbmm(bias, grouped, keys, alpha=self.scaling)
+        return torch.bmm(scores.softmax(-1), values)
 
     def run(
         self, layer_fn, product, cache, start: int, steps: int, ids: torch.Tensor | None = None
@@ -164,8 +168,7 @@ class Step:
         """Milliseconds of the step's products alone and of its attention alone (best of repeats)."""
         narrow, wide = torch.randn(rows, self.hidden), torch.randn(rows, self.intermediate)
         keys, values = self.cache(rows, filled, 1)
-        length = filled
-        bias = torch.zeros(rows * self.kv_heads, 1, length)
+        bias = torch.zeros(rows * self.kv_heads, 1, filled)
         grouped = torch.randn(rows * self.kv_heads, self.heads // self.kv_heads, self.head_dim)
 
         def products() -> None:
@@ -175,9 +178,7 @@ class Step:
 
         def attention() -> None:
             for key_store, value_store in zip(keys, values, strict=True):
-                k = key_store[..., :length].reshape(rows * self.kv_heads, self.head_dim, length)
-                v = value_store[:, :, :length].reshape(rows * self.kv_heads, length, self.head_dim)
-                torch.bmm(torch.baddbmm(bias, grouped, k, alpha=self.scaling).softmax(-1), v)
+                self.attend(grouped, key_store, value_store, bias)
 
         best = []
         for fn in (products, attention):
