@@ -26,6 +26,7 @@ import torch
 from comlrl_core.config.options import BaseConfig, field_types
 from comlrl_core.run.checkpoint import checkpoint_path, read_extra_file, save_checkpoint
 from comlrl_core.run.metrics import MetricsLogger
+from comlrl_core.run.seeds import torch_seeded
 from learners.catalog import learner_classes
 from learners.common.reference import frozen_references
 from learners.common.seeding import derive_seed
@@ -149,16 +150,18 @@ class MARLHFTrainer(PreferenceTrainerBase):
         """Replace the reward model by a fresh one fitted on ``pairs``; returns its metrics."""
         c = self.config
         t0 = time.perf_counter()
-        torch.manual_seed(derive_seed(c.seed, _FIT, round_))  # the head's initialisation
         self.reward_model = None
-        model = self.new_reward_model()
-        result = model.fit(
-            pairs,
-            epochs=c.reward_num_train_epochs,
-            batch_size=c.reward_train_batch_size,
-            learning_rate=c.reward_learning_rate,
-            seed=derive_seed(c.seed, _FIT, round_, 1),
-        )
+        # the head's initialisation (and any dropout of the backbone while fitting) drawn from
+        # this round's seed; the caller's global random stream is left as it was
+        with torch_seeded(derive_seed(c.seed, _FIT, round_)):
+            model = self.new_reward_model()
+            result = model.fit(
+                pairs,
+                epochs=c.reward_num_train_epochs,
+                batch_size=c.reward_train_batch_size,
+                learning_rate=c.reward_learning_rate,
+                seed=derive_seed(c.seed, _FIT, round_, 1),
+            )
         model.requires_grad_(False)
         self.reward_model = model
         return {
