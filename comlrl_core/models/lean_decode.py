@@ -28,6 +28,12 @@ low-rank activations masked per row to the row's own adapter. Two adapters on Sm
 Outside a call, with one adapter, active dropout or another dtype, each run of rows goes
 through its adapter on a row slice.
 
+Where a sampling call has packed q/k/v and gate/up as one stacked oneDNN weight each
+(:mod:`comlrl_core.models.cpu.sibling_linears`), the step runs each set's product once and
+reads the siblings' columns from it (:func:`~comlrl_core.models.cpu.packed_linear.fused_siblings_product`),
+adds the adapters to those columns in place, and rotates q's and k's heads in one pass over
+their side-by-side columns. The logits are bit for bit those of calling each sibling.
+
 Public API::
 
     lean_decoder(model) -> LeanDecoder | None  (None: unsupported, with why in unsupported_reason)
