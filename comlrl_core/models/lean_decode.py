@@ -258,9 +258,8 @@ class LeanDecoder:
             else:
                 q = _rotate(q.view(batch, -1, head_dim), cos, signed_sin, half)
                 k = _rotate(k.view(batch, -1, head_dim), cos, signed_sin, half)
-            keys, values = cache_layer.update(
-                k[:, :, None], v.view(batch, -1, head_dim)[:, :, None]
-            )  # in place: [B, Hkv, L, D]
+            v = v.view(batch, -1, head_dim)
+            keys, values = cache_layer.update(k[:, :, None], v[:, :, None])  # written in place: [B, Hkv, L, D]
             # query head h reads key/value head h // groups: [B * Hkv, groups, D] (a copy
             # only where q is a slice of the rotated q/k heads and rows > 1)
             grouped = q.reshape(batch * kv_heads, -1, head_dim)
