@@ -28,12 +28,6 @@ low-rank activations masked per row to the row's own adapter. Two adapters on Sm
 Outside a call, with one adapter, active dropout or another dtype, each run of rows goes
 through its adapter on a row slice.
 
-Where a sampling call has packed q/k/v and gate/up as one stacked oneDNN weight each
-(:mod:`comlrl_core.models.cpu.sibling_linears`), the step runs each set's product once and
-reads the siblings' columns from it (:func:`~comlrl_core.models.cpu.packed_linear.fused_siblings_product`),
-adds the adapters to those columns in place, and rotates q's and k's heads in one pass over
-their side-by-side columns. The logits are bit for bit those of calling each sibling.
-
 Public API::
 
     lean_decoder(model) -> LeanDecoder | None  (None: unsupported, with why in unsupported_reason)
@@ -50,7 +44,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comlrl_core.models.cpu import packed_linear
 from comlrl_core.models.mixed_adapters import adapter_runs, is_vanilla_lora_linear
 
 logger = logging.getLogger(__name__)
@@ -151,30 +144,13 @@ class LeanDecoder:
 
     # ------------------------------------------------------------------ linear layers
     def _linear(self, module: Any, x: torch.Tensor, step_runs: _StepRuns | None) -> torch.Tensor:
-        return self._add_adapters(module, x, _base_output(module, x), step_runs)
-
-    def _siblings(
-        self, modules: Sequence[Any], x: torch.Tensor, step_runs: _StepRuns | None
-    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-        """The outputs of sibling layers that read ``x`` (q/k/v, gate/up). Where their base
-        layers are packed as one stacked weight: ``(stacked, views of its columns)``, the
-        product run once and the adapters added to the views in place (so ``stacked``
-        holds them too); else ``(None, each layer's output)``."""
-        stacked = packed_linear.fused_siblings_product([_base_layer(m) for m in modules], x)
-        if stacked is None:
-            return None, [self._linear(m, x, step_runs) for m in modules]
-        outputs, start = [], 0
-        for module in modules:
-            width = _base_layer(module).out_features
-            outputs.append(self._add_adapters(module, x, stacked[:, start : start + width], step_runs))
-            start += width
-        return stacked, outputs
-
-    def _add_adapters(
-        self, module: Any, x: torch.Tensor, result: torch.Tensor, step_runs: _StepRuns | None
-    ) -> torch.Tensor:
-        """``result`` (the base layer's output) plus ``module``'s LoRA updates, added in place."""
-        if type(module) is nn.Linear or module.disable_adapters:
+        if type(module) is nn.Linear:
+            if "forward" in module.__dict__:  # a packed or otherwise replaced forward: keep it
+                return module(x)
+            return F.linear(x, module.weight, module.bias)
+        base_layer = module.base_layer
+        result = base_layer(x) if "forward" in base_layer.__dict__ else F.linear(x, base_layer.weight, base_layer.bias)
+        if module.disable_adapters:
             return result
         rows_in = x.shape[0]
         if step_runs is None:  # every row through the active adapters, as peft's forward does
@@ -240,6 +216,7 @@ class LeanDecoder:
         batch = hidden.shape[0]
         cos, sin = inner.rotary_emb(hidden[:, None, :], positions)  # [B, 1, D]
         half = cos.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: one roll instead of slices and a cat
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         first = cache.layers[0]
         kv_heads, length = first.keys.shape[1], first.keys.shape[-2] + 1
@@ -250,19 +227,14 @@ class LeanDecoder:
             attn = layer.self_attn
             normed = _rms_norm(hidden, layer.input_layernorm)
             head_dim = attn.head_dim
-            stacked, (q, k, v) = self._siblings((attn.q_proj, attn.k_proj, attn.v_proj), normed, runs)
-            if stacked is not None:  # q's and k's columns side by side: one rotation for both heads
-                query_heads = q.shape[-1] // head_dim
-                qk = _rotate(stacked[:, : q.shape[-1] + k.shape[-1]].view(batch, -1, head_dim), cos, signed_sin, half)
-                q, k = qk[:, :query_heads], qk[:, query_heads:]
-            else:
-                q = _rotate(q.view(batch, -1, head_dim), cos, signed_sin, half)
-                k = _rotate(k.view(batch, -1, head_dim), cos, signed_sin, half)
-            v = v.view(batch, -1, head_dim)
+            q = self._linear(attn.q_proj, normed, runs).view(batch, -1, head_dim)
+            k = self._linear(attn.k_proj, normed, runs).view(batch, -1, head_dim)
+            v = self._linear(attn.v_proj, normed, runs).view(batch, -1, head_dim)
+            q = torch.addcmul(q * cos, q.roll(half, dims=-1), signed_sin)
+            k = torch.addcmul(k * cos, k.roll(half, dims=-1), signed_sin)
             keys, values = cache_layer.update(k[:, :, None], v[:, :, None])  # written in place: [B, Hkv, L, D]
-            # query head h reads key/value head h // groups: [B * Hkv, groups, D] (a copy
-            # only where q is a slice of the rotated q/k heads and rows > 1)
-            grouped = q.reshape(batch * kv_heads, -1, head_dim)
+            # query head h reads key/value head h // groups: [B * Hkv, groups, D]
+            grouped = q.view(batch * kv_heads, -1, head_dim)
             keys = keys.reshape(batch * kv_heads, length, head_dim)  # views of the cache buffer
             values = values.reshape(batch * kv_heads, length, head_dim)
             scores = torch.baddbmm(bias, grouped, keys.transpose(1, 2), alpha=attn.scaling)
@@ -273,7 +245,8 @@ class LeanDecoder:
             hidden = hidden + self._linear(attn.o_proj, attended, runs)
             mlp = layer.mlp
             normed = _rms_norm(hidden, layer.post_attention_layernorm)
-            _, (gate, up) = self._siblings((mlp.gate_proj, mlp.up_proj), normed, runs)
+            gate = self._linear(mlp.gate_proj, normed, runs)
+            up = self._linear(mlp.up_proj, normed, runs)
             hidden = hidden + self._linear(mlp.down_proj, F.silu(gate) * up, runs)
         hidden = _rms_norm(hidden, inner.norm)
         head = self.head
@@ -330,27 +303,6 @@ def _plain_adapter(module: Any, name: str, dtype: torch.dtype) -> bool:
 def _dropout_active(dropout: nn.Module) -> bool:
     """Whether a LoRA dropout module changes its input (training mode, ``p > 0``)."""
     return not isinstance(dropout, nn.Identity) and dropout.training and getattr(dropout, "p", 0) > 0
-
-
-def _base_layer(module: Any) -> nn.Linear:
-    """The plain linear under ``module``: itself, or a (checked) LoRA wrapper's base layer."""
-    return module if type(module) is nn.Linear else module.base_layer
-
-
-def _base_output(module: Any, x: torch.Tensor) -> torch.Tensor:
-    """``module``'s base layer on ``x``: its replaced ``forward`` where packing installed one
-    (called directly: a hooked model never reaches the lean step), else ``F.linear``."""
-    base = _base_layer(module)
-    forward = base.__dict__.get("forward")
-    if forward is not None:
-        return forward(x)
-    return F.linear(x, base.weight, base.bias)
-
-
-def _rotate(heads: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, half: int) -> torch.Tensor:
-    """Rotary embedding of ``heads`` ``[B, H, D]``: ``x * cos + rotate_half(x) * sin``, with
-    ``rotate_half(x) * sin == roll(x, half) * signed_sin`` (one roll, no slices and cat)."""
-    return torch.addcmul(heads * cos, heads.roll(half, dims=-1), signed_sin)
 
 
 def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:

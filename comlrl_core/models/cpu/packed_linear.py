@@ -38,8 +38,6 @@ step: it is a cost of decoding. Sibling layers that read one input (a Llama-fami
 attention's q/k/v, its MLP's gate/up) share one stacked packed weight in this format, so a
 decoding step runs one product for each set (:mod:`comlrl_core.models.cpu.sibling_linears`;
 ``FUSE_SIBLINGS`` switches it off), and the layout measurement times them stacked too.
-A caller that reads every sibling at once (the lean decoding step) takes that stacked
-product whole: :func:`fused_siblings_product`.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ import collections
 import contextlib
 import functools
 import logging
-from typing import Iterator, NamedTuple, Sequence, TypeGuard
+from typing import Iterator, NamedTuple, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -151,25 +149,6 @@ class _PackedForward:
                 self.layer.weight.data = self.packed.to_dense()
             self.released = False
 
-    def siblings_decoding(self, x: torch.Tensor) -> torch.Tensor | None:
-        """This layer's and its fused siblings' outputs for a decoding pass of ``x``, side by
-        side in one tensor (in the order of their :class:`FusedSiblings`); None where
-        :meth:`__call__` would not run that stacked product (no fused siblings, oneDNN off,
-        gradients, another dtype, a prefill-sized pass): the caller calls each layer."""
-        if self.siblings is None or self.format in _broken or x.dtype != torch.float32:
-            return None
-        if torch.is_grad_enabled() and (x.requires_grad or self.layer.weight.requires_grad):
-            return None
-        positions = x.shape[-2] if x.dim() >= 3 else 1
-        if positions > 1 or x.numel() // x.shape[-1] > max(self.rows, _ONEDNN_PACK_MAX_ROWS):
-            return None
-        fused = self.siblings[0]
-        try:
-            return fused.decoding_product(x)
-        except Exception as exc:  # noqa: BLE001 - private ops: as __call__, this call and the rest go plain
-            _switch_off(self.format, exc)
-            return None
-
     def _packed_call(self, x: torch.Tensor) -> torch.Tensor:
         if self.format == BF16:
             return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, self.bias, "none", [], "")
@@ -202,20 +181,6 @@ class _PackedForward:
             return self.original(x)
         out = torch.ops.mkl._mkl_linear(x.reshape(rows, -1), self.packed, self.weight, self.bias, rows)
         return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def fused_siblings_product(layers: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor | None:
-    """While a :func:`prepacked_linears` block has ``layers`` packed as ONE set of fused
-    siblings, in this order: their outputs for the decoding pass ``x``, side by side in one
-    tensor (``[rows, sum of their out_features]``). None where each layer must be called
-    instead (not such a set, or see ``_PackedForward.siblings_decoding``)."""
-    forward = layers[0].__dict__.get("forward") if layers else None
-    if not isinstance(forward, _PackedForward) or forward.siblings is None:
-        return None
-    members = forward.siblings[0].layers
-    if len(members) != len(layers) or any(a is not b for a, b in zip(members, layers, strict=True)):
-        return None
-    return forward.siblings_decoding(x)
 
 
 def _switch_off(packed_format: str, exc: Exception) -> None:

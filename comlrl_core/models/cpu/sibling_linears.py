@@ -33,7 +33,6 @@ Public API::
     sibling_groups(model, can_fuse) -> list[list[nn.Linear]]
     FusedSiblings(layers, rows)  (rows: the decoding rows the stacked weight is packed for)
         .output(index, x, decoding) -> sibling ``index``'s output for ``x``
-        .decoding_product(x) -> every sibling's output, side by side (a decoding pass)
         .restore()  (the plain weights back)
 """
 
@@ -142,17 +141,6 @@ class FusedSiblings:
         if len(self._served) == len(self.layers):  # every sibling served: let the tensors go
             self._input = self._output = None
         return columns if decoding else columns.contiguous()
-
-    def decoding_product(self, x: torch.Tensor) -> torch.Tensor:
-        """Every sibling's output for a decoding pass of ``x`` as ONE tensor, their columns
-        side by side (at :attr:`starts`, :attr:`sizes`); packs at the first call. For a
-        caller that reads all the siblings at once (the lean decoding step): the product
-        :meth:`output` would serve in pieces, without its per-sibling bookkeeping."""
-        if self.packed is None:
-            self._pack()
-        assert self.packed is not None
-        self._input = self._output = None  # a later per-sibling call computes afresh
-        return fp32_layout.onednn_linear(x, self.packed, self.bias)
 
     def restore(self) -> None:
         """Put the siblings' plain weights back (split from the stacked copy)."""

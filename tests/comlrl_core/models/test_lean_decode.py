@@ -12,8 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from comlrl_core.models import lean_decode
-from comlrl_core.models.cpu import fp32_layout, packed_linear
-from comlrl_core.models.cpu.sibling_linears import FusedSiblings
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.models.joint_generation import GenerationRequest, generate_together
 from comlrl_core.models.kv_cache import reserve_cache
@@ -314,91 +312,3 @@ def test_an_adapter_with_active_dropout_keeps_the_per_run_path(lora_team):
     decoder._call_adapters = (a, b)
     assert decoder._stacked(layer, torch.bfloat16) is None  # inputs of another dtype than the adapters
     decoder.end_call()
-
-
-# ---------------------------------------------------------------------- stacked sibling products
-needs_onednn = pytest.mark.skipif(
-    not packed_linear._available(packed_linear.FP32_ONEDNN), reason="no oneDNN fp32 linear in this torch build"
-)
-
-
-def _packed_steps(model, out, mask, positions, names, monkeypatch, whole: bool, steps: int = 3):
-    """``steps`` lean steps from ``out``'s cache inside one packed sampling call (oneDNN,
-    siblings stacked), the stacked products taken whole or (``whole=False``) served sibling
-    by sibling. Returns each step's logits and how often a sibling was served on its own."""
-    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
-    served = []
-    real_output = FusedSiblings.output
-    monkeypatch.setattr(FusedSiblings, "output", lambda self, *a, **k: served.append(1) or real_output(self, *a, **k))
-    real_product = packed_linear.fused_siblings_product
-    monkeypatch.setattr(packed_linear, "fused_siblings_product", real_product if whole else lambda layers, x: None)
-    decoder = lean_decode.lean_decoder(model)
-    assert decoder is not None
-    cache = reserve_cache(copy.deepcopy(out.past_key_values), steps + 1)
-    ids = out.logits[:, -1].argmax(-1, keepdim=True)
-    rows = ids.shape[0]
-    logits = []
-    with torch.no_grad(), packed_linear.prepacked_linears(model, rows=rows, new_tokens=8):
-        decoder.start_call()
-        try:
-            for _ in range(steps):
-                mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype)], dim=1)
-                positions = positions[:, -1:] + 1
-                step = decoder.step(ids, mask, positions, cache, names)
-                assert step is not None
-                logits.append(step)
-                ids = step.argmax(-1, keepdim=True)
-        finally:
-            decoder.end_call()
-    return logits, len(served)
-
-
-@needs_onednn
-def test_the_lean_step_takes_each_stacked_sibling_product_whole_with_the_same_logits(policy, monkeypatch):
-    """q/k/v and gate/up packed as one weight each: the lean step runs each set's product
-    once and reads its columns (no sibling served on its own), rotating q's and k's heads
-    together; the logits are bit for bit those of the sibling-by-sibling route."""
-    model = policy.model
-    ids, mask = policy._left_pad([policy.encode_prompt(p) for p in PROMPTS])
-    positions = padded_position_ids(mask)
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    whole, served_whole = _packed_steps(model, out, mask, positions, None, monkeypatch, whole=True)
-    by_sibling, served_each = _packed_steps(model, out, mask, positions, None, monkeypatch, whole=False)
-    assert served_whole == 0 and served_each == 3 * 5 * len(model.model.layers)  # 3 steps x (q, k, v, gate, up)
-    assert all(torch.equal(a, b) for a, b in zip(whole, by_sibling, strict=True))
-    with torch.no_grad():  # and they are the model's own next-token logits
-        reference = model(
-            input_ids=out.logits[:, -1].argmax(-1, keepdim=True),
-            attention_mask=torch.cat([mask, torch.ones(len(PROMPTS), 1, dtype=mask.dtype)], dim=1),
-            position_ids=positions[:, -1:] + 1,
-            past_key_values=copy.deepcopy(out.past_key_values),
-        ).logits[:, -1]
-    torch.testing.assert_close(whole[0], reference.float(), atol=1e-4, rtol=1e-4)
-
-
-@needs_onednn
-def test_adapters_land_in_the_stacked_sibling_product_they_are_read_from(lora_team, monkeypatch):
-    """Rows of two LoRA agents on fused base layers: each adapter's update is added to its
-    sibling's columns of the stacked product, in place, before q and k are rotated from
-    it: the same logits as the sibling-by-sibling route."""
-    for member in lora_team:  # non-zero B matrices: the adapters change every projection
-        for name, weight in member.model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(weight, std=0.3)
-    a, b = (member.adapter_name for member in lora_team)
-    names = [a, b, b, a]
-    model, out, mask, positions = _mixed_adapter_setup(lora_team, names)
-    whole, served_whole = _packed_steps(model, out, mask, positions, names, monkeypatch, whole=True)
-    by_sibling, served_each = _packed_steps(model, out, mask, positions, names, monkeypatch, whole=False)
-    assert served_whole == 0 and served_each > 0
-    assert all(torch.equal(x, y) for x, y in zip(whole, by_sibling, strict=True))
-    with torch.no_grad():
-        reference = model(
-            input_ids=out.logits[:, -1].argmax(-1, keepdim=True),
-            attention_mask=torch.cat([mask, torch.ones(len(names), 1, dtype=mask.dtype)], dim=1),
-            position_ids=positions[:, -1:] + 1,
-            past_key_values=copy.deepcopy(out.past_key_values),
-            adapter_names=names,
-        ).logits[:, -1]
-    torch.testing.assert_close(whole[0], reference.float(), atol=1e-4, rtol=1e-4)

@@ -276,27 +276,3 @@ def test_an_inference_tensor_input_is_served_once_per_sibling(monkeypatch, recor
         fused.output(0, x, decoding=True)  # served already: computed afresh
         assert len(calls) == 2
     fused.restore()
-
-
-# ---------------------------------------------------------------------- the whole stacked product
-@needs_onednn
-def test_the_whole_stacked_product_is_given_only_for_a_decoding_pass_of_the_whole_set():
-    """``fused_siblings_product``: the q/k/v (or gate/up) outputs side by side, the same
-    values as serving each sibling; None where each layer must be called instead."""
-    model = _policy().model
-    attn = model.model.layers[0].self_attn
-    qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-    plain = [layer.weight.detach().clone() for layer in qkv]
-    hidden = torch.randn(3, plain[0].shape[1])
-    assert packed_linear.fused_siblings_product(qkv, hidden) is None  # outside a packed block
-    with packed_linear.prepacked_linears(model, rows=3, new_tokens=8):
-        with torch.no_grad():
-            assert packed_linear.fused_siblings_product(qkv[::-1], hidden) is None  # another order
-            assert packed_linear.fused_siblings_product(qkv[:2], hidden) is None  # not the whole set
-            assert packed_linear.fused_siblings_product(qkv, hidden[None].expand(2, 3, -1)) is None  # a prefill
-            whole = packed_linear.fused_siblings_product(qkv, hidden)
-            assert whole is not None and whole.shape == (3, sum(w.shape[0] for w in plain))
-            served = torch.cat([layer(hidden) for layer in qkv], dim=-1)
-            assert torch.equal(whole, served)
-            torch.testing.assert_close(whole, F.linear(hidden, torch.cat(plain)), atol=1e-5, rtol=1e-5)
-        assert packed_linear.fused_siblings_product(qkv, hidden.requires_grad_()) is None  # gradients on
