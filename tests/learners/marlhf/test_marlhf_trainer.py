@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from preference_fakes import FakeTeam, TextBigram, a_fraction, env_factory
+from preference_fakes import FakeTeam, TextBigram, a_fraction, clear_preference, env_factory
 
 from comlrl_core.config.options import ConfigError
 from learners.marlhf import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
@@ -154,27 +154,19 @@ def test_backend_evaluates_as_many_episodes_per_task_as_marlhf(tmp_path, algo):
     assert list(backend.eval_k) == [1, 2]
 
 
-def _pairs():
-    from learners.preference.records import PreferencePair
-
-    return [
-        PreferencePair([f"task {i}", "x"], [f"good answer {i}", "fine"], [f"zzz {i}", "qq"], 1.0, 0.0, 0.5)
-        for i in range(3)
-    ]
-
-
 def test_fitting_the_reward_model_is_seeded_and_leaves_the_global_random_stream_alone(tmp_path):
     cfg = MARLHFConfig(**_kw(tmp_path, reward_num_train_epochs=1))
     trainer = MARLHFTrainer(cfg, FakeTeam([TextBigram(init_seed=1), TextBigram(init_seed=2)]), env_factory(a_fraction))
+    pairs = [clear_preference(i) for i in range(3)]
     torch.manual_seed(123)
     expected = torch.rand(4)  # the caller's stream, had nothing drawn or reseeded it
     torch.manual_seed(123)
-    trainer.fit_reward_model(_pairs(), 1)
+    trainer.fit_reward_model(pairs, 1)
     assert torch.equal(torch.rand(4), expected)
     first = {k: v.clone() for k, v in trainer.reward_model.state_dict().items()}
     torch.manual_seed(999)  # another global state: the round's seed alone decides the model
-    trainer.fit_reward_model(_pairs(), 1)
+    trainer.fit_reward_model(pairs, 1)
     second = trainer.reward_model.state_dict()
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
-    trainer.fit_reward_model(_pairs(), 2)  # another round: another initialisation
+    trainer.fit_reward_model(pairs, 2)  # another round: another initialisation
     assert any(not torch.equal(first[k], v) for k, v in trainer.reward_model.state_dict().items())

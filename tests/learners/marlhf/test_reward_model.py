@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from preference_fakes import CountingEnv
+from preference_fakes import CountingEnv, clear_preference
 
 from comlrl_core.env_api import step_many
 from learners.marlhf import JointRewardModel, RewardModelEnv, RewardSwitch, bradley_terry_loss, joint_text
 from learners.marlhf.reward_model import last_real_token_index
-from learners.preference.records import PreferencePair
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +48,7 @@ def test_bradley_terry_loss_exact():
 def test_fit_learns_the_preference(model):
     torch.manual_seed(1)
     rm = JointRewardModel.from_source("tiny-random", device="cpu")
-    pairs = [
-        PreferencePair([f"task {i}", "x"], [f"good answer {i}", "fine"], [f"zzz {i}", "qq"], 1.0, 0.0, 0.5)
-        for i in range(6)
-    ]
+    pairs = [clear_preference(i) for i in range(6)]
 
     def margin():
         w = rm.score_joint([(p.prompts, p.winner_completions) for p in pairs])
@@ -63,7 +59,7 @@ def test_fit_learns_the_preference(model):
     result = rm.fit(pairs, epochs=8, batch_size=3, learning_rate=1e-3, seed=0)
     assert result.accuracy == 1.0 and result.steps == 16
     assert margin() > before + 1.0
-    held_out = PreferencePair(["task 9", "x"], ["good answer 9", "fine"], ["zzz 9", "qq"], 1.0, 0.0, 0.5)
+    held_out = clear_preference(9)
     w, lose = rm.score_joint(
         [(held_out.prompts, held_out.winner_completions), (held_out.prompts, held_out.loser_completions)]
     )

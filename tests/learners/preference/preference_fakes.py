@@ -22,3 +22,11 @@ def env_factory(reward_fn, num_tasks: int = 3, counter=None):
 def a_fraction(task, actions, turn):
     text = "".join(actions.values())
     return text.count("a") / max(1, len(text))
+
+
+def clear_preference(i: int):
+    """Pair ``i`` of an easy preference for a reward model: a ``good answer`` beats ``zzz``
+    on the same two-agent prompts."""
+    from learners.preference.records import PreferencePair
+
+    return PreferencePair([f"task {i}", "x"], [f"good answer {i}", "fine"], [f"zzz {i}", "qq"], 1.0, 0.0, 0.5)
