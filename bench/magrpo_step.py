@@ -8,7 +8,8 @@ SmolLM2-135M-Instruct, full fine-tuning and LoRA.
 Every configuration runs in a fresh subprocess, so the peak RSS (``ru_maxrss`` of the
 worker, model loading included) is its own. A step is one task item (tree rollout +
 all updates it triggers); the first step is reported apart (warm-up) and the mean of the
-others is the figure.
+others is the figure. Our side also prints the share of node groups its updates did not
+score (all advantages zero: exactly no gradient), which is what its update time follows.
 
     .venv/bin/python bench/magrpo_step.py                       # everything
     .venv/bin/python bench/magrpo_step.py --models tiny --modes full --steps 3
@@ -102,6 +103,10 @@ def worker(spec: dict) -> dict:
         "rollout_s": [h["time/rollout_s"] for h in steps],
         "update_s": [h["time/update_s"] for h in steps],
         "env_steps": [h["rollout/env_steps"] for h in steps],
+        # groups the updates did not score (zero advantages), both agents, every update
+        "zero_advantage_frac": [
+            h[k] for h in steps for k in ("agent_0/zero_advantage_frac", "agent_1/zero_advantage_frac") if k in h
+        ],
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "children_peak_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
     }
@@ -127,9 +132,11 @@ def summarize(result: dict) -> str:
     rest = steps[1:] or steps
     mean = sum(rest) / len(rest)
     result["step_mean_s"] = mean
+    zero = result.get("zero_advantage_frac") or []
+    unscored = f"; groups not scored {sum(zero) / len(zero):.0%}" if zero else ""
     return (
         f"step {mean:7.2f} s (first {steps[0]:.2f} s, n={len(steps)}; rollout "
-        f"{sum(result['rollout_s'][1:] or result['rollout_s']) / len(rest):.2f} s) "
+        f"{sum(result['rollout_s'][1:] or result['rollout_s']) / len(rest):.2f} s{unscored}) "
         f"peak RSS {result['peak_rss_gib']:.2f} GiB"
     )
 

@@ -22,6 +22,10 @@ default so the four modes really differ; with it on ``mean`` and ``rloo`` coinci
 to the constant factor G/(G-1) (and, under Adam's scale invariance, give nearly the same
 updates), and a group with identical returns gets zero advantage in every mode but
 ``raw``.
+
+A group whose returns are all equal gets exactly zero advantages in every mode but
+``raw``; such a group adds nothing to the gradient, so the update does not score it
+(:func:`learners.magrpo.update.update_agent`).
 """
 
 from __future__ import annotations
@@ -74,6 +78,12 @@ def group_advantages(
     if r.dim() != 1:
         raise ValueError(f"group_advantages expects a 1-D group of returns, got shape {tuple(r.shape)}")
     g = r.numel()
+    if mode not in ADVANTAGE_MODES:
+        raise ValueError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
+    if mode != "raw" and g > 0 and bool((r == r[0]).all()):
+        # identical returns: every baseline equals them, so the advantages are exactly zero
+        # (``r - r.mean()`` can be off by an ulp), and the update skips the group
+        return torch.zeros_like(r)
     if mode == "mean":
         adv = r - r.mean()
     elif mode == "raw":
@@ -81,10 +91,8 @@ def group_advantages(
     elif mode == "rloo":
         # With a single sample there is no "other" sample: fall back to zero advantage.
         adv = (r * g - r.sum()) / (g - 1) if g > 1 else torch.zeros_like(r)
-    elif mode == "max":
+    else:  # max
         adv = r - r.max()
-    else:
-        raise ValueError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
     if normalize and g > 1:
         adv = adv / (r.std(unbiased=False) + eps)
     return adv

@@ -293,6 +293,9 @@ class MAGRPOTrainer(TaskItemTraining, TrainerCommon):
                 kls = [r.kl_mean for r in done if r.kl_mean is not None]
                 if kls:
                     out[f"agent_{i}/kl"] = sum(kls) / len(kls)
+            total = sum(r.num_groups for r in results)
+            if total:  # groups of this step's updates with nothing to learn (not scored)
+                out[f"agent_{i}/zero_advantage_frac"] = sum(r.zero_advantage_groups for r in results) / total
             out[f"agent_{i}/updates"] = float(self.update_counts[i])
             out[f"agent_{i}/skipped_nonfinite"] = float(self.skipped_nonfinite[i])
         return out

@@ -4,6 +4,13 @@ Steps: optional KL shaping (k3 to a frozen reference, subtracted from each respo
 return), group advantages, then the policy-gradient loss accumulated over micro-batches
 (``logprob_micro_batch_size`` sequences per forward) and one AdamW step.
 
+A group whose advantages are all zero (identical returns under a baselined mode, or all
+zero returns under ``raw``) contributes exactly nothing to the loss and its gradient, so
+it is not scored at all: no forward, no backward. The step itself still happens (on
+whatever the other groups give, zeros if none), because Adam's moments move the weights
+even on a zero gradient, as they would had the group been scored. TRL reports the same
+quantity as ``frac_reward_zero_std``; here it is ``agent_i/zero_advantage_frac``.
+
 [distributed] ``group_count`` is the number of groups in the update over ALL processes
 and ``sync_gradients`` sums the gradients over the processes before clipping and
 stepping (see :mod:`learners.magrpo.data_parallel`); a process's ``groups`` may be empty.
@@ -31,6 +38,8 @@ class UpdateResult:
     skipped: bool
     kl_mean: float | None
     advantage_abs_mean: float
+    zero_advantage_groups: int  # groups not scored: every coefficient zero
+    num_groups: int
 
 
 def k3_per_sequence(policy_lp: Sequence[torch.Tensor], ref_lp: Sequence[torch.Tensor]) -> list[float]:
@@ -44,6 +53,30 @@ def k3_per_sequence(policy_lp: Sequence[torch.Tensor], ref_lp: Sequence[torch.Te
 def _common_group_size(groups: Sequence[NodeGroup]) -> int | None:
     sizes = {len(g.completion_ids) for g in groups}
     return sizes.pop() if len(sizes) == 1 else None
+
+
+def groups_with_signal(groups: Sequence[NodeGroup], coef: torch.Tensor) -> tuple[list[NodeGroup], torch.Tensor]:
+    """The groups with at least one nonzero loss coefficient, and their coefficients (in
+    the order of ``coef``, which holds every group's responses in turn). A NaN counts as
+    nonzero, so a broken return still reaches the finiteness check."""
+    kept: list[NodeGroup] = []
+    kept_coef: list[torch.Tensor] = []
+    start = 0
+    for group in groups:
+        part = coef[start : start + len(group.completion_ids)]
+        start += len(group.completion_ids)
+        if bool((part != 0).any()):
+            kept.append(group)
+            kept_coef.append(part)
+    return kept, torch.cat(kept_coef) if kept_coef else coef[:0]
+
+
+def _zero_missing_gradients(params: Sequence[torch.Tensor]) -> None:
+    # an update with nothing scored still steps: the optimizer must see a zero gradient
+    # (which scoring the groups would have given every trainable weight), not none
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
 
 
 # sync_gradients(params, finite) -> whether to step (False: some process saw a non-finite loss)
@@ -123,26 +156,30 @@ def update_agent(
             optimizer.zero_grad(set_to_none=True)
             raise
 
+    scored, coef = groups_with_signal(groups, coef)
     optimizer.zero_grad(set_to_none=True)
     loss = accumulate_gradients(
         policy,
-        [p for g in groups for p in g.prompt_ids],
-        [c for g in groups for c in g.completion_ids],
+        [p for g in scored for p in g.prompt_ids],
+        [c for g in scored for c in g.completion_ids],
         lambda lp, mask, idx: sequence_pg_loss(lp, mask, coef[idx.start : idx.stop]),
         micro_batch_size,
         on_loss=veto,
-        group_size=_common_group_size(groups),
+        group_size=_common_group_size(scored),
         token_budget=token_budget,
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     finite = loss == loss  # NaN: vetoed and skipping
+    if not scored:
+        _zero_missing_gradients(params)
+    counts = {"zero_advantage_groups": len(groups) - len(scored), "num_groups": len(groups)}
     if sync_gradients is not None:  # [distributed] all processes skip together on a NaN anywhere
         finite = sync_gradients(params, finite)
     if not finite:
         optimizer.zero_grad(set_to_none=True)
-        return UpdateResult(float("nan"), True, kl_mean, adv_abs)
+        return UpdateResult(float("nan"), True, kl_mean, adv_abs, **counts)
     if max_grad_norm is not None:  # logged grad_norm: the norm before clipping, as TRL's
         note_grad_norm(optimizer, torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return UpdateResult(loss, False, kl_mean, adv_abs)
+    return UpdateResult(loss, False, kl_mean, adv_abs, **counts)

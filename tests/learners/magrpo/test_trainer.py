@@ -93,6 +93,22 @@ def test_logprobs_are_micro_batched(tmp_path):
     assert pol[0].logprob_calls == [5, 5, 2]
 
 
+def test_groups_with_nothing_to_learn_are_counted_and_not_scored(tmp_path):
+    pol = [BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]
+    constant = lambda task, actions, turn: 1.0  # noqa: E731  every group ties: zero advantages
+    tr = _trainer(tmp_path, policies=pol, reward_fn=constant, rollout_buffer_size=1, max_steps=2)
+    tr.train()
+    assert pol[0].logprob_calls == [] and pol[1].logprob_calls == []  # no forward at all
+    assert tr.update_counts == [2, 2]  # yet every update stepped
+    rows = [h for h in tr.history if "agent_0/updates" in h]
+    assert [h["agent_0/zero_advantage_frac"] for h in rows] == [1.0, 1.0]
+    pol = [BigramPolicy(init_seed=1), BigramPolicy(init_seed=2)]
+    tr = _trainer(tmp_path, policies=pol, rollout_buffer_size=1, max_steps=2)  # rewards that differ
+    tr.train()
+    fractions = [h["agent_0/zero_advantage_frac"] for h in tr.history if "agent_0/updates" in h]
+    assert fractions and max(fractions) < 1.0 and pol[0].logprob_calls
+
+
 class UnderflowingScorer(BigramPolicy):
     """Samples like a BigramPolicy; scores through a low-precision round trip that
     underflows, so every log-prob (hence the loss) is -inf while sampling stays valid."""
