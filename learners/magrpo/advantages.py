@@ -20,12 +20,11 @@ node):
 ``normalize=True`` divides by the group's return std (+eps), GRPO-style. It is off by
 default so the four modes really differ; with it on ``mean`` and ``rloo`` coincide up
 to the constant factor G/(G-1) (and, under Adam's scale invariance, give nearly the same
-updates), and a group with identical returns gets zero advantage in every mode but
-``raw``.
+updates).
 
 A group whose returns are all equal gets exactly zero advantages in every mode but
-``raw``; such a group adds nothing to the gradient, so the update does not score it
-(:func:`learners.magrpo.update.update_agent`).
+``raw``, normalised or not; such a group adds nothing to the gradient, so the update does
+not score it (:func:`learners.magrpo.update.update_agent`).
 """
 
 from __future__ import annotations
