@@ -38,6 +38,8 @@ step: it is a cost of decoding. Sibling layers that read one input (a Llama-fami
 attention's q/k/v, its MLP's gate/up) share one stacked packed weight in this format, so a
 decoding step runs one product for each set (:mod:`comlrl_core.models.cpu.sibling_linears`;
 ``FUSE_SIBLINGS`` switches it off), and the layout measurement times them stacked too.
+:func:`onednn_operand` hands a caller that computes a decoding product itself (the lean
+decoding step, skipping the layers' module calls) a packed layer's weight and its columns.
 """
 
 from __future__ import annotations
@@ -181,6 +183,33 @@ class _PackedForward:
             return self.original(x)
         out = torch.ops.mkl._mkl_linear(x.reshape(rows, -1), self.packed, self.weight, self.bias, rows)
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class OnednnOperand(NamedTuple):
+    """Where a packed layer's outputs come from in a decoding pass: ``packed`` (its own
+    weight, or the stacked weight of its set of siblings), ``bias`` (that product's), and
+    the column where the layer's outputs start in the product (0 for a layer alone)."""
+
+    packed: torch.Tensor
+    bias: torch.Tensor | None
+    start: int
+
+
+def onednn_operand(module: nn.Module, rows: int) -> OnednnOperand | None:
+    """The packed weight a no-grad decoding pass of ``rows`` rows through ``module`` runs
+    on, for a caller that computes the product itself (the lean decoding step takes each
+    set of siblings' stacked product once, without the layers' calls); None unless
+    ``module`` is in oneDNN's fp32 format, already packed, with the format working and
+    ``rows`` within what the packing serves (the caller then calls the layer)."""
+    forward = module.__dict__.get("forward")
+    if not isinstance(forward, _PackedForward) or forward.format != FP32_ONEDNN or FP32_ONEDNN in _broken:
+        return None
+    if rows > max(forward.rows, _ONEDNN_PACK_MAX_ROWS):  # such a pass runs plain (see _packed_call)
+        return None
+    if forward.siblings is not None:
+        fused, index = forward.siblings
+        return None if fused.packed is None else OnednnOperand(fused.packed, fused.bias, fused.starts[index])
+    return None if forward.packed is None else OnednnOperand(forward.packed, forward.bias, 0)
 
 
 def _switch_off(packed_format: str, exc: Exception) -> None:

@@ -276,3 +276,32 @@ def test_an_inference_tensor_input_is_served_once_per_sibling(monkeypatch, recor
         fused.output(0, x, decoding=True)  # served already: computed afresh
         assert len(calls) == 2
     fused.restore()
+
+
+@needs_onednn
+def test_operands_give_each_layer_its_packed_weight_and_columns_once_packed():
+    """``onednn_operand``: what the lean step multiplies by itself. Nothing before the first
+    decoding pass packs, for passes wider than the packing serves, or after the block."""
+    model = _policy().model
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    with torch.no_grad(), packed_linear.prepacked_linears(model, rows=3, new_tokens=8):
+        assert packed_linear.onednn_operand(attn.q_proj, 3) is None  # not packed yet
+        model(input_ids=torch.randint(5, 100, (3, 1)))  # a decoding pass packs every layer
+        q, k, v = (packed_linear.onednn_operand(m, 3) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        assert q is not None and k is not None and v is not None
+        assert q.packed is k.packed is v.packed  # one stacked weight, columns in q, k, v order
+        assert (q.start, k.start, v.start) == (0, attn.q_proj.out_features, attn.q_proj.out_features + 32)
+        o = packed_linear.onednn_operand(attn.o_proj, 3)
+        gate, up = packed_linear.onednn_operand(mlp.gate_proj, 3), packed_linear.onednn_operand(mlp.up_proj, 3)
+        assert o is not None and o.start == 0 and o.packed is not q.packed
+        assert gate is not None and up is not None and up.packed is gate.packed and up.start == 128
+        x = torch.randn(3, 64)
+        stacked = fp32_layout.onednn_linear(x, q.packed, q.bias)
+        k_alone = F.linear(x, k.packed.to_dense()[k.start : v.start])
+        torch.testing.assert_close(stacked[:, k.start : v.start], k_alone, atol=1e-5, rtol=1e-5)
+        wide = max(3, packed_linear._ONEDNN_PACK_MAX_ROWS) + 1
+        assert packed_linear.onednn_operand(attn.q_proj, wide) is None  # such a pass runs plain
+        packed_linear._broken.add(packed_linear.FP32_ONEDNN)  # switched off (the fixture switches it back on)
+        assert packed_linear.onednn_operand(attn.q_proj, 3) is None
+        packed_linear._broken.discard(packed_linear.FP32_ONEDNN)
+    assert packed_linear.onednn_operand(attn.q_proj, 3) is None  # the block is over
