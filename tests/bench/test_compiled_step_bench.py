@@ -10,13 +10,9 @@ import shutil
 import pytest
 import torch
 from bench_loader import load_bench_script
+from onednn_marks import needs_onednn
 
-from comlrl_core.models.cpu import packed_linear
 from comlrl_core.models.model_source import load_causal_lm, resolve_model_source
-
-needs_onednn = pytest.mark.skipif(
-    not packed_linear._available(packed_linear.FP32_ONEDNN), reason="no oneDNN fp32 linear"
-)
 
 
 @pytest.fixture(scope="module")

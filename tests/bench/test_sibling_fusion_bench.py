@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from bench_loader import load_bench_script
+from onednn_marks import needs_onednn
 
 from comlrl_core.models.cpu import fp32_layout, packed_linear
 
@@ -17,7 +18,7 @@ def bench():
     yield from load_bench_script("sibling_fusion")
 
 
-@pytest.mark.skipif(not packed_linear._available(packed_linear.FP32_ONEDNN), reason="no oneDNN fp32 linear")
+@needs_onednn
 def test_both_settings_are_measured_at_every_batch_with_the_same_tokens(bench, capsys, monkeypatch):
     monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")  # the tiny model is too small to be measured
     flips: list[bool] = []

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onednn_marks import needs_onednn
 
 from comlrl_core.models import lean_decode
 from comlrl_core.models.cpu import fp32_layout, packed_linear
@@ -173,11 +174,6 @@ def test_a_cache_without_room_is_refused_untouched(policy):
 
 
 # -- a full model packed in oneDNN's format ---------------------------------------------
-needs_onednn = pytest.mark.skipif(
-    not packed_linear._available(packed_linear.FP32_ONEDNN), reason="no oneDNN fp32 linear in this torch build"
-)
-
-
 def _count_packed_forwards(monkeypatch) -> list[int]:
     """Records one entry per call of a packed layer's module (``_PackedForward``)."""
     calls: list[int] = []

@@ -8,19 +8,13 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onednn_marks import needs_onednn
 
 from comlrl_core.models.cpu import fp32_layout, packed_linear
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.policy import GenerationConfig
 
 PROMPTS = ["def add(a, b):", "Write a story about a team", "x"]
-
-
-def _onednn_available() -> bool:
-    return packed_linear._available(packed_linear.FP32_ONEDNN)
-
-
-needs_onednn = pytest.mark.skipif(not _onednn_available(), reason="no oneDNN fp32 linear in this torch build")
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onednn_marks import needs_onednn
 from torch import nn
 
 from comlrl_core.models.cpu import fp32_layout, packed_linear
@@ -15,10 +16,6 @@ from comlrl_core.models.cpu.sibling_linears import FusedSiblings, sibling_groups
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.models.joint_generation import GenerationRequest, generate_together
 from comlrl_core.policy import GenerationConfig
-
-needs_onednn = pytest.mark.skipif(
-    not packed_linear._available(packed_linear.FP32_ONEDNN), reason="no oneDNN fp32 linear in this torch build"
-)
 
 
 @pytest.fixture(autouse=True)
