@@ -28,14 +28,15 @@ low-rank activations masked per row to the row's own adapter. Two adapters on Sm
 Outside a call, with one adapter, active dropout or another dtype, each run of rows goes
 through its adapter on a row slice.
 
-A full model (no adapters) whose layers run in oneDNN's packed fp32 format
-(:mod:`comlrl_core.models.cpu.packed_linear`) skips the layers' module calls once packed
-(the call's first decoding step packs): each layer takes its stacked q/k/v product and its
-stacked gate/up product straight from the packed weights, and rotates q's and k's heads,
-side by side in that product, in one pass; the same arithmetic, so the same logits bit for
-bit. SmolLM2-135M, AMD EPYC, 2 CPUs, 48 tokens from 280-token prompts, decoding ms a step
-through the modules -> straight (medians of 8 calls each, taking turns): 53.4 -> 50.7 and
-57.2 -> 54.5 at one row, 96.0 -> 94.9 and 102.0 -> 101.4 at 16 rows.
+Layers whose linear weights run in oneDNN's packed fp32 format
+(:mod:`comlrl_core.models.cpu.packed_linear`) skip their module calls once packed (the
+call's first decoding step packs): :mod:`comlrl_core.models.lean_packed` takes each
+layer's stacked q/k/v and gate/up products straight from the packed weights, a LoRA
+layer's adapters stacked per product for the call; for a full model the same logits bit
+for bit. SmolLM2-135M, AMD EPYC, 2 CPUs, 48 tokens from 280-token prompts, decoding ms a
+step through the modules -> straight (full model, medians of 8 calls each, taking turns):
+53.4 -> 50.7 and 57.2 -> 54.5 at one row, 96.0 -> 94.9 and 102.0 -> 101.4 at 16 rows.
+The arithmetic both routes share is in :mod:`comlrl_core.models.lean_ops`.
 
 Public API::
 
@@ -47,14 +48,22 @@ Public API::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comlrl_core.models.cpu import fp32_layout
-from comlrl_core.models.cpu.packed_linear import OnednnOperand, onednn_operand
+from comlrl_core.models.lean_ops import (
+    AdapterStack,
+    StepRuns,
+    StepShared,
+    attend,
+    dropout_active,
+    plain_adapter,
+    rms_norm,
+)
+from comlrl_core.models.lean_packed import PackedLayer, packed_layer, packed_layer_step
 from comlrl_core.models.mixed_adapters import adapter_runs, is_vanilla_lora_linear
 
 logger = logging.getLogger(__name__)
@@ -118,13 +127,13 @@ class LeanDecoder:
         self.head: Any = base.get_output_embeddings()
         self.checked = False  # the probe has compared one step with transformers' forward
         # per sampling call (start_call .. end_call): the adapters' order and each LoRA
-        # layer's stacked adapters (row masks are per step: _StepRuns)
+        # layer's stacked adapters (row masks are per step: StepRuns)
         self._in_call = False
         self._call_adapters: tuple[str, ...] | None = None
-        self._stacks: dict[int, _StackedAdapters | None] = {}
+        self._stacks: dict[int, AdapterStack | None] = {}
         # per sampling call: the layers found packed (oneDNN) so far, by index; the packing
         # lasts until the call ends, and rows only leave a call
-        self._packed_layers: dict[int, _PackedLayer] = {}
+        self._packed_layers: dict[int, PackedLayer] = {}
 
     # ------------------------------------------------------------------ sampling calls
     def start_call(self) -> None:
@@ -140,7 +149,7 @@ class LeanDecoder:
         self._stacks.clear()
         self._packed_layers.clear()
 
-    def _stacked(self, module: Any, dtype: torch.dtype) -> _StackedAdapters | None:
+    def _stacked(self, module: Any, dtype: torch.dtype) -> AdapterStack | None:
         """``module``'s adapters of this call stacked (None: not stackable: dropout active or
         another dtype; those layers take the per-run path)."""
         key = id(module)
@@ -148,17 +157,17 @@ class LeanDecoder:
             return self._stacks[key]
         names = [n for n in self._call_adapters or () if n in module.lora_A]
         stack = None
-        if names and all(_plain_adapter(module, n, dtype) for n in names):
+        if names and all(plain_adapter(module, n, dtype) for n in names):
             with torch.no_grad():
                 down = torch.cat([module.lora_A[n].weight for n in names])  # [sum r, in]
                 # the scaling folded into B: [sum r, out], the right operand of addmm_
                 up = torch.cat([module.lora_B[n].weight.t() * module.scaling[n] for n in names])
-            stack = _StackedAdapters(down, up, tuple((n, module.lora_A[n].weight.shape[0]) for n in names))
+            stack = AdapterStack(down, up, tuple((n, module.lora_A[n].weight.shape[0]) for n in names))
         self._stacks[key] = stack
         return stack
 
     # ------------------------------------------------------------------ linear layers
-    def _linear(self, module: Any, x: torch.Tensor, step_runs: _StepRuns | None) -> torch.Tensor:
+    def _linear(self, module: Any, x: torch.Tensor, step_runs: StepRuns | None) -> torch.Tensor:
         if type(module) is nn.Linear:
             if "forward" in module.__dict__:  # a packed or otherwise replaced forward: keep it
                 return module(x)
@@ -189,7 +198,7 @@ class LeanDecoder:
             if rows.dtype != lora_a.dtype:
                 rows = rows.to(lora_a.dtype)  # peft runs adapters in their own dtype
             dropout = module.lora_dropout[name]
-            if _dropout_active(dropout):
+            if dropout_active(dropout):
                 rows = dropout(rows)
             low = F.linear(rows, lora_a)  # [rows, r]
             target = result if whole else result[start:stop]
@@ -220,12 +229,13 @@ class LeanDecoder:
         that token's keys and values. None when the cache is not ready (nothing changed)."""
         if torch.is_autocast_enabled(ids.device.type) or not self.cache_ready(cache, len(self.layers)):
             return None
-        runs = _StepRuns(adapter_runs(adapter_names)) if adapter_names is not None else None
+        runs = StepRuns(adapter_runs(adapter_names)) if adapter_names is not None else None
         if runs is not None and self._in_call:
             known = self._call_adapters or ()
             if any(name not in known for name, _, _ in runs.runs):  # the first step (rows only leave later)
                 self._call_adapters = tuple(dict.fromkeys([*known, *(name for name, _, _ in runs.runs)]))
                 self._stacks.clear()
+                self._packed_layers.clear()  # their adapter stacks lack the new adapter
         inner = self.inner
         hidden = inner.embed_tokens(ids)[:, 0]  # [B, H]; the module call keeps its hooks (benchmarks time from there)
         batch = hidden.shape[0]
@@ -238,184 +248,41 @@ class LeanDecoder:
         # additive mask per (row, key/value head): [B * Hkv, 1, L], -inf at left padding
         bias = torch.zeros(mask.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(mask == 0, float("-inf"))
         bias = bias[:, None, None, :].expand(batch, kv_heads, 1, length).reshape(batch * kv_heads, 1, length)
-        shared = _StepShared(cos, signed_sin, half, bias, kv_heads, length)
-        # a full model packed in oneDNN's format: each set of siblings' stacked product taken
-        # once, straight from the packed weights (no LoRA rows to add, no gradients)
-        direct = runs is None and hidden.dtype == torch.float32 and not torch.is_grad_enabled()
+        shared = StepShared(cos, signed_sin, half, bias, kv_heads, length)
+        # layers packed in oneDNN's format: each set of siblings' stacked product taken once,
+        # straight from the packed weights, LoRA adapters stacked per product (no gradients)
+        direct = hidden.dtype == torch.float32 and not torch.is_grad_enabled()
+        call_adapters = self._call_adapters if runs is not None else None
         found = self._packed_layers
         for index, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers, strict=True)):
-            packed = (found.get(index) or _packed_layer(layer, batch)) if direct else None
+            packed = (found.get(index) or packed_layer(layer, batch, call_adapters, self._in_call)) if direct else None
             if packed is not None:
                 if self._in_call:
                     found[index] = packed
-                hidden = _packed_layer_step(layer, packed, hidden, cache_layer, shared)
+                hidden = packed_layer_step(layer, packed, hidden, cache_layer, shared, runs)
                 continue
             attn = layer.self_attn
-            normed = _rms_norm(hidden, layer.input_layernorm)
+            normed = rms_norm(hidden, layer.input_layernorm)
             head_dim = attn.head_dim
             q = self._linear(attn.q_proj, normed, runs).view(batch, -1, head_dim)
             k = self._linear(attn.k_proj, normed, runs).view(batch, -1, head_dim)
             v = self._linear(attn.v_proj, normed, runs).view(batch, -1, head_dim)
             q = torch.addcmul(q * cos, q.roll(half, dims=-1), signed_sin)
             k = torch.addcmul(k * cos, k.roll(half, dims=-1), signed_sin)
-            attended = _attend(attn, q, k, v, cache_layer, shared)
+            attended = attend(attn, q, k, v, cache_layer, shared)
             hidden = hidden + self._linear(attn.o_proj, attended, runs)
             mlp = layer.mlp
-            normed = _rms_norm(hidden, layer.post_attention_layernorm)
+            normed = rms_norm(hidden, layer.post_attention_layernorm)
             gate = self._linear(mlp.gate_proj, normed, runs)
             up = self._linear(mlp.up_proj, normed, runs)
             hidden = hidden + self._linear(mlp.down_proj, F.silu(gate) * up, runs)
-        hidden = _rms_norm(hidden, inner.norm)
+        hidden = rms_norm(hidden, inner.norm)
         head = self.head
         if type(head) is nn.Linear:
             logits = head(hidden)  # the module: a packed forward may be installed on it
         else:
             logits = self._linear(head, hidden, runs)
         return logits.float()
-
-
-class _StepShared(NamedTuple):
-    """What every layer of one step reads: the rotary factors (``cos``, and ``signed_sin``
-    for the rolled half), the additive attention mask ``bias [B * Hkv, 1, L]``, the key/value
-    heads and the cache length after this token."""
-
-    cos: torch.Tensor
-    signed_sin: torch.Tensor
-    half: int
-    bias: torch.Tensor
-    kv_heads: int
-    length: int
-
-
-def _attend(
-    attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_layer: Any, shared: _StepShared
-) -> torch.Tensor:
-    """Grouped-query attention of the rotated ``q [B, H, D]`` over the cache after writing
-    ``k``, ``v [B, Hkv, D]`` into it (in place): ``[B, H * D]``."""
-    batch, head_dim, length = q.shape[0], q.shape[-1], shared.length
-    keys, values = cache_layer.update(k[:, :, None], v[:, :, None])  # written in place: [B, Hkv, L, D]
-    # query head h reads key/value head h // groups: [B * Hkv, groups, D]
-    grouped = q.reshape(batch * shared.kv_heads, -1, head_dim)
-    keys = keys.reshape(batch * shared.kv_heads, length, head_dim)  # views of the cache buffer
-    values = values.reshape(batch * shared.kv_heads, length, head_dim)
-    scores = torch.baddbmm(shared.bias, grouped, keys.transpose(1, 2), alpha=attn.scaling)
-    weights = scores.softmax(dim=-1, dtype=torch.float32)
-    if weights.dtype != q.dtype:
-        weights = weights.to(q.dtype)
-    return torch.bmm(weights, values).view(batch, -1)
-
-
-class _PackedLayer(NamedTuple):
-    """One decoder layer's packed products: q/k/v stacked, o, gate/up stacked, down."""
-
-    qkv: OnednnOperand
-    o: OnednnOperand
-    gate_up: OnednnOperand
-    down: OnednnOperand
-
-
-def _packed_layer(layer: Any, rows: int) -> _PackedLayer | None:
-    """``layer``'s oneDNN-packed products for a pass of ``rows`` rows when its linear layers
-    are plain and packed that way, q/k/v (and gate/up) as one stacked weight in that order;
-    else None (the layer goes through its modules). The step looks it up until it is found
-    (the packing happens at the call's first decoding pass) and keeps it until the call
-    ends (the packing is undone then)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    q = onednn_operand(attn.q_proj, rows)
-    gate = onednn_operand(mlp.gate_proj, rows)
-    if q is None or gate is None or q.start != 0 or gate.start != 0:
-        return None
-    k, v = onednn_operand(attn.k_proj, rows), onednn_operand(attn.v_proj, rows)
-    up = onednn_operand(mlp.up_proj, rows)
-    o, down = onednn_operand(attn.o_proj, rows), onednn_operand(mlp.down_proj, rows)
-    if k is None or v is None or up is None or o is None or down is None:
-        return None
-    q_width, k_width = attn.q_proj.out_features, attn.k_proj.out_features
-    stacked = k.packed is q.packed and v.packed is q.packed and k.start == q_width and v.start == q_width + k_width
-    if not stacked or up.packed is not gate.packed or up.start != mlp.gate_proj.out_features:
-        return None
-    if o.start != 0 or down.start != 0:
-        return None
-    return _PackedLayer(q, o, gate, down)
-
-
-def _packed_layer_step(
-    layer: Any, packed: _PackedLayer, hidden: torch.Tensor, cache_layer: Any, shared: _StepShared
-) -> torch.Tensor:
-    """One layer on its packed products: the stacked q/k/v product's columns as views,
-    q's and k's heads (side by side in it) rotated in one pass."""
-    attn, mlp = layer.self_attn, layer.mlp
-    batch, head_dim = hidden.shape[0], attn.head_dim
-    qkv = fp32_layout.onednn_linear(_rms_norm(hidden, layer.input_layernorm), packed.qkv.packed, packed.qkv.bias)
-    q_width, k_width = attn.q_proj.out_features, attn.k_proj.out_features
-    rotated = qkv[:, : q_width + k_width].view(batch, -1, head_dim)
-    rotated = torch.addcmul(rotated * shared.cos, rotated.roll(shared.half, dims=-1), shared.signed_sin)
-    q_heads = q_width // head_dim
-    v = qkv[:, q_width + k_width :].view(batch, -1, head_dim)
-    attended = _attend(attn, rotated[:, :q_heads], rotated[:, q_heads:], v, cache_layer, shared)
-    hidden = hidden + fp32_layout.onednn_linear(attended, packed.o.packed, packed.o.bias)
-    normed = _rms_norm(hidden, layer.post_attention_layernorm)
-    gate_up = fp32_layout.onednn_linear(normed, packed.gate_up.packed, packed.gate_up.bias)
-    width = mlp.gate_proj.out_features
-    gated = F.silu(gate_up[:, :width]) * gate_up[:, width:]
-    return hidden + fp32_layout.onednn_linear(gated, packed.down.packed, packed.down.bias)
-
-
-class _StepRuns:
-    """One step's runs of rows per adapter, and its row masks (one per layout; local to
-    the step, so concurrent calls on one model never see each other's)."""
-
-    def __init__(self, runs: Sequence[tuple[str, int, int]]) -> None:
-        self.runs = runs
-        self._masks: dict[tuple[tuple[str, int], ...], torch.Tensor] = {}
-
-    def mask(self, layout: tuple[tuple[str, int], ...], x: torch.Tensor) -> torch.Tensor:
-        """``[rows, sum r]``: 1 where a row's adapter owns the column's block, else 0."""
-        mask = self._masks.get(layout)
-        if mask is None:
-            mask = torch.zeros(x.shape[0], sum(r for _, r in layout), dtype=x.dtype, device=x.device)
-            offsets, column = {}, 0
-            for name, r in layout:
-                offsets[name] = (column, column + r)
-                column += r
-            for name, start, stop in self.runs:
-                if name in offsets:
-                    first, last = offsets[name]
-                    mask[start:stop, first:last] = 1
-            self._masks[layout] = mask
-        return mask
-
-
-class _StackedAdapters(NamedTuple):
-    """One LoRA layer's adapters of a call, side by side: ``down`` ``[sum r, in]`` (the A
-    matrices), ``up`` ``[sum r, out]`` (the B matrices transposed, times each scaling), and
-    which adapter owns which block of ``r`` columns."""
-
-    down: torch.Tensor
-    up: torch.Tensor
-    layout: tuple[tuple[str, int], ...]
-
-
-def _plain_adapter(module: Any, name: str, dtype: torch.dtype) -> bool:
-    """Adapter ``name`` of ``module`` computes ``B(A(x)) * scaling`` on ``dtype`` inputs
-    (no active dropout, its weights in that dtype)."""
-    if _dropout_active(module.lora_dropout[name]):
-        return False
-    return module.lora_A[name].weight.dtype == dtype and module.lora_B[name].weight.dtype == dtype
-
-
-def _dropout_active(dropout: nn.Module) -> bool:
-    """Whether a LoRA dropout module changes its input (training mode, ``p > 0``)."""
-    return not isinstance(dropout, nn.Identity) and dropout.training and getattr(dropout, "p", 0) > 0
-
-
-def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
-    # LlamaRMSNorm's arithmetic: fp32 statistics, weight applied in the input dtype
-    # (torch's F.rms_norm is slower here on CPU: ~50 us a call at one row, a composite op)
-    dtype = x.dtype
-    x32 = x if dtype == torch.float32 else x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * (x32 if dtype == torch.float32 else x32.to(dtype))
 
 
 def lean_decoder(model: nn.Module) -> LeanDecoder | None:

@@ -10,10 +10,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onednn_marks import needs_onednn
 
-from comlrl_core.models import lean_decode
-from comlrl_core.models.cpu import fp32_layout, packed_linear
+from comlrl_core.models import lean_decode, lean_ops
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.models.joint_generation import GenerationRequest, generate_together
 from comlrl_core.models.kv_cache import reserve_cache
@@ -173,101 +171,6 @@ def test_a_cache_without_room_is_refused_untouched(policy):
     assert all(torch.equal(a, layer.keys) for a, layer in zip(before, cache.layers, strict=True))
 
 
-# -- a full model packed in oneDNN's format ---------------------------------------------
-def _count_packed_forwards(monkeypatch) -> list[int]:
-    """Records one entry per call of a packed layer's module (``_PackedForward``)."""
-    calls: list[int] = []
-    real = packed_linear._PackedForward.__call__
-
-    def counted(self, x):
-        calls.append(1)
-        return real(self, x)
-
-    monkeypatch.setattr(packed_linear._PackedForward, "__call__", counted)
-    return calls
-
-
-def _packed_setup(policy, monkeypatch):
-    """The policy's model with oneDNN's layout forced, its lean decoder, and the list that
-    records every call of a packed layer's module."""
-    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
-    decoder = lean_decode.lean_decoder(policy.model)
-    assert decoder is not None
-    return policy.model, decoder, _count_packed_forwards(monkeypatch)
-
-
-@needs_onednn
-def test_a_packed_full_model_takes_each_layers_products_straight_from_the_packed_weights(policy, monkeypatch):
-    """Once packed (the call's first decoding step), a layer runs its stacked q/k/v and
-    gate/up products on the packed weights without calling its modules: the same logits
-    and keys/values, bit for bit, as the step through the modules from the same cache,
-    and transformers' logits within rounding."""
-    model, decoder, calls = _packed_setup(policy, monkeypatch)
-    layers = len(model.model.layers)
-    ids, mask = policy._left_pad([policy.encode_prompt(p) for p in PROMPTS])
-    through_modules = lean_decode._packed_layer
-    with torch.no_grad(), packed_linear.prepacked_linears(model, rows=len(PROMPTS), new_tokens=8):
-        positions = padded_position_ids(mask)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        cache = reserve_cache(out.past_key_values, 8)
-        step_ids, step_pos = out.logits[:, -1].argmax(-1, keepdim=True), positions[:, -1:]
-        decoder.start_call()
-        for step in range(4):
-            step_pos = step_pos + 1
-            mask = torch.cat([mask, torch.ones(len(PROMPTS), 1, dtype=mask.dtype)], dim=1)
-            calls.clear()
-            direct = decoder.step(step_ids, mask, step_pos, cache, None)
-            assert direct is not None
-            if step == 0:  # through the modules: that pass packs the weights
-                assert len(calls) == 7 * layers + 1 and not decoder._packed_layers
-                continue
-            assert len(calls) == 1  # the output layer only
-            assert sorted(decoder._packed_layers) == list(range(layers))
-            written = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-            for layer in cache.layers:
-                layer.drop_newest()
-            monkeypatch.setattr(lean_decode, "_packed_layer", lambda layer, rows: None)
-            decoder._packed_layers.clear()
-            calls.clear()
-            moduled = decoder.step(step_ids, mask, step_pos, cache, None)
-            assert moduled is not None and len(calls) == 7 * layers + 1
-            monkeypatch.setattr(lean_decode, "_packed_layer", through_modules)
-            assert torch.equal(direct, moduled)
-            for (keys, values), layer in zip(written, cache.layers, strict=True):
-                assert torch.equal(keys, layer.keys) and torch.equal(values, layer.values)
-            for layer in cache.layers:  # transformers from the same cache
-                layer.drop_newest()
-            expected = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache)
-            torch.testing.assert_close(direct, expected.logits[:, -1].float(), atol=1e-5, rtol=1e-5)
-            step_ids = direct.argmax(-1, keepdim=True)
-        decoder.end_call()
-    assert not decoder._packed_layers  # per call: the next call's packing is its own
-
-
-@needs_onednn
-def test_a_packed_model_with_gradients_on_steps_through_its_modules(policy, monkeypatch):
-    model, decoder, calls = _packed_setup(policy, monkeypatch)
-    layers = len(model.model.layers)
-    ids, mask = policy._left_pad([policy.encode_prompt(p) for p in PROMPTS])
-    with packed_linear.prepacked_linears(model, rows=len(PROMPTS), new_tokens=8):
-        positions = padded_position_ids(mask)  # the cache made with gradients on, as the step below runs
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        cache = reserve_cache(out.past_key_values, 8)
-        mask = torch.cat([mask, torch.ones(len(PROMPTS), 1, dtype=mask.dtype)], dim=1)
-        step_ids, step_pos = out.logits[:, -1].argmax(-1, keepdim=True), positions[:, -1:] + 1
-        decoder.start_call()
-        with torch.no_grad():
-            decoder.step(step_ids, mask, step_pos, cache, None)  # packs every layer
-            for layer in cache.layers:
-                layer.drop_newest()
-        assert packed_linear.onednn_operand(model.model.layers[0].self_attn.q_proj, len(PROMPTS)) is not None
-        calls.clear()
-        logits = decoder.step(step_ids, mask, step_pos, cache, None)
-        decoder.end_call()
-    assert logits is not None and logits.requires_grad  # the plain layers, with their gradients
-    assert len(calls) == 7 * layers + 1
-
-
 # -- the draw behind every sampled token ------------------------------------------------
 def test_one_generator_draws_each_row_from_its_distribution():
     probs = torch.tensor([0.1, 0.0, 0.2, 0.7])
@@ -380,12 +283,12 @@ def test_the_row_masks_follow_the_runs_of_each_step(lora_team):
     a, b = (member.adapter_name for member in lora_team)
     x = torch.ones(4, 3)
     layout = ((a, 2), (b, 1))
-    first = lean_decode._StepRuns([(a, 0, 1), (b, 1, 3), (a, 3, 4)])
+    first = lean_ops.StepRuns([(a, 0, 1), (b, 1, 3), (a, 3, 4)])
     assert first.mask(layout, x).tolist() == [[1, 1, 0], [0, 0, 1], [0, 0, 1], [1, 1, 0]]
     assert first.mask(layout, x) is first.mask(layout, x)  # built once per step and layout
-    later = lean_decode._StepRuns([(b, 0, 2)])
+    later = lean_ops.StepRuns([(b, 0, 2)])
     assert later.mask(layout, x[:2]).tolist() == [[0, 0, 1], [0, 0, 1]]
-    assert lean_decode._StepRuns([(b, 0, 1), ("__base__", 1, 2)]).mask(((b, 2),), x[:2]).tolist() == [[1, 1], [0, 0]]
+    assert lean_ops.StepRuns([(b, 0, 1), ("__base__", 1, 2)]).mask(((b, 2),), x[:2]).tolist() == [[1, 1], [0, 0]]
 
 
 def test_an_adapter_with_active_dropout_keeps_the_per_run_path(lora_team):

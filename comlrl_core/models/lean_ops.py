@@ -1,0 +1,114 @@
+"""The arithmetic pieces of the lean decoding step (:mod:`comlrl_core.models.lean_decode`)
+that both of its routes use: through the layers' modules, and straight from packed weights
+(:mod:`comlrl_core.models.lean_packed`).
+
+Public API::
+
+    StepShared(cos, signed_sin, half, bias, kv_heads, length)  (what every layer of a step reads)
+    attend(attn, q, k, v, cache_layer, shared) -> [B, H * D]
+    rms_norm(x, norm) -> x normalised as LlamaRMSNorm does
+    StepRuns(runs).mask(layout, x) / .covers(layout)  (rows per adapter in one step)
+    AdapterStack(down, up, layout)  (LoRA adapters side by side: two products for all of them)
+    plain_adapter(module, name, dtype) / dropout_active(dropout)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import torch
+from torch import nn
+
+
+class StepShared(NamedTuple):
+    """What every layer of one step reads: the rotary factors (``cos``, and ``signed_sin``
+    for the rolled half), the additive attention mask ``bias [B * Hkv, 1, L]``, the key/value
+    heads and the cache length after this token."""
+
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+    half: int
+    bias: torch.Tensor
+    kv_heads: int
+    length: int
+
+
+def attend(
+    attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_layer: Any, shared: StepShared
+) -> torch.Tensor:
+    """Grouped-query attention of the rotated ``q [B, H, D]`` over the cache after writing
+    ``k``, ``v [B, Hkv, D]`` into it (in place): ``[B, H * D]``."""
+    batch, head_dim, length = q.shape[0], q.shape[-1], shared.length
+    keys, values = cache_layer.update(k[:, :, None], v[:, :, None])  # written in place: [B, Hkv, L, D]
+    # query head h reads key/value head h // groups: [B * Hkv, groups, D]
+    grouped = q.reshape(batch * shared.kv_heads, -1, head_dim)
+    keys = keys.reshape(batch * shared.kv_heads, length, head_dim)  # views of the cache buffer
+    values = values.reshape(batch * shared.kv_heads, length, head_dim)
+    scores = torch.baddbmm(shared.bias, grouped, keys.transpose(1, 2), alpha=attn.scaling)
+    weights = scores.softmax(dim=-1, dtype=torch.float32)
+    if weights.dtype != q.dtype:
+        weights = weights.to(q.dtype)
+    return torch.bmm(weights, values).view(batch, -1)
+
+
+class StepRuns:
+    """One step's runs of rows per adapter, and its row masks (one per layout; local to
+    the step, so concurrent calls on one model never see each other's)."""
+
+    def __init__(self, runs: Sequence[tuple[str, int, int]]) -> None:
+        self.runs = runs
+        self._masks: dict[tuple[tuple[str, int], ...], torch.Tensor] = {}
+
+    def mask(self, layout: tuple[tuple[str, int], ...], x: torch.Tensor) -> torch.Tensor:
+        """``[rows, sum r]``: 1 where a row's adapter owns the column's block, else 0."""
+        mask = self._masks.get(layout)
+        if mask is None:
+            mask = torch.zeros(x.shape[0], sum(r for _, r in layout), dtype=x.dtype, device=x.device)
+            offsets, column = {}, 0
+            for name, r in layout:
+                offsets[name] = (column, column + r)
+                column += r
+            for name, start, stop in self.runs:
+                if name in offsets:
+                    first, last = offsets[name]
+                    mask[start:stop, first:last] = 1
+            self._masks[layout] = mask
+        return mask
+
+    def covers(self, layout: tuple[tuple[str, int], ...]) -> bool:
+        """Whether every row of the step belongs to the layout's only adapter (no mask needed)."""
+        return len(self.runs) == 1 and len(layout) == 1 and self.runs[0][0] == layout[0][0]
+
+
+class AdapterStack(NamedTuple):
+    """LoRA adapters of a call side by side, so that all of them cost two products:
+    ``down`` ``[sum r, in]`` (the A matrices one above the other), ``up`` ``[sum r, out]``
+    (the B matrices transposed, times each scaling; for a set of sibling layers stacked
+    into one product, each B in its sibling's columns and zero elsewhere), and ``layout``:
+    which adapter owns which block of columns of ``x @ down.T``, in order."""
+
+    down: torch.Tensor
+    up: torch.Tensor
+    layout: tuple[tuple[str, int], ...]
+
+
+def plain_adapter(module: Any, name: str, dtype: torch.dtype) -> bool:
+    """Adapter ``name`` of ``module`` computes ``B(A(x)) * scaling`` on ``dtype`` inputs
+    (no active dropout, its weights in that dtype)."""
+    if dropout_active(module.lora_dropout[name]):
+        return False
+    return module.lora_A[name].weight.dtype == dtype and module.lora_B[name].weight.dtype == dtype
+
+
+def dropout_active(dropout: nn.Module) -> bool:
+    """Whether a LoRA dropout module changes its input (training mode, ``p > 0``)."""
+    return not isinstance(dropout, nn.Identity) and dropout.training and getattr(dropout, "p", 0) > 0
+
+
+def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    # LlamaRMSNorm's arithmetic: fp32 statistics, weight applied in the input dtype
+    # (torch's F.rms_norm is slower here on CPU: ~50 us a call at one row, a composite op)
+    dtype = x.dtype
+    x32 = x if dtype == torch.float32 else x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * (x32 if dtype == torch.float32 else x32.to(dtype))
