@@ -24,9 +24,9 @@ def test_both_settings_are_measured_at_every_batch_with_the_same_tokens(bench, c
     flips: list[bool] = []
     real_units = packed_linear.onednn_units
 
-    def recording_units(model):
+    def recording_units(model, walk=None):
         flips.append(packed_linear.FUSE_SIBLINGS)
-        return real_units(model)
+        return real_units(model, walk)
 
     monkeypatch.setattr(packed_linear, "onednn_units", recording_units)
     bench.main(

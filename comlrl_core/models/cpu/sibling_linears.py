@@ -30,7 +30,7 @@ an exact reordering) when the block ends or a pass needs the plain layers.
 
 Public API::
 
-    sibling_groups(model, can_fuse) -> list[list[nn.Linear]]
+    sibling_groups(model, can_fuse, modules=None) -> list[list[nn.Linear]]
     FusedSiblings(layers, rows)  (rows: the decoding rows the stacked weight is packed for)
         .output(index, x, decoding) -> sibling ``index``'s output for ``x``
         .restore()  (the plain weights back)
@@ -38,7 +38,7 @@ Public API::
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -63,13 +63,15 @@ def _base_linear(module: object) -> object:
     return base if isinstance(base, nn.Module) else module
 
 
-def sibling_groups(model: nn.Module, can_fuse: Callable[[nn.Module], bool]) -> list[list[nn.Linear]]:
+def sibling_groups(
+    model: nn.Module, can_fuse: Callable[[nn.Module], bool], modules: Iterable[nn.Module] | None = None
+) -> list[list[nn.Linear]]:
     """The sets of sibling linear layers in ``model`` that may share one packed weight: under
     a parent of :data:`FUSED_PARENTS`, every sibling (or a LoRA wrapper's base layer) a
     plain linear for which ``can_fuse`` holds, all with one input width, dtype and bias
-    presence."""
+    presence. ``modules``: ``model.modules()`` already listed by the caller."""
     groups: list[list[nn.Linear]] = []
-    for parent in model.modules():
+    for parent in modules if modules is not None else model.modules():
         names = FUSED_PARENTS.get(type(parent).__name__)
         if names is None:
             continue

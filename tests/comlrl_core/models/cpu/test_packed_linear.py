@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+from onednn_marks import needs_onednn
 
-from comlrl_core.models.cpu import packed_linear
+from comlrl_core.models.cpu import fp32_layout, packed_linear
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.policy import GenerationConfig
 
@@ -251,3 +252,25 @@ def test_short_or_narrow_calls_keep_the_plain_layers(monkeypatch):
         assert not active and "forward" not in layer.__dict__
     with packed_linear.prepacked_linears(policy.model, 16, 64) as active:
         assert active and "forward" in layer.__dict__
+
+
+@needs_onednn
+def test_a_call_walks_the_models_modules_once(lora_team, monkeypatch):
+    """The plan (the format, the sibling sets, the weights the layout is measured on) and
+    the layers' wrapping share one list of the team's modules and one count of its shared
+    weights: each walk of a LoRA team's ~3,000 modules costs milliseconds a call."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    model = lora_team[0].model
+    walks: list[int] = []
+    real = torch.nn.Module.named_modules
+
+    def counted(self, *args, **kwargs):
+        if self is model:  # every walk of the model starts here (modules(), named_parameters())
+            walks.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "named_modules", counted)
+    with torch.no_grad(), packed_linear.prepacked_linears(model, rows=4, new_tokens=64) as active:
+        assert active
+    # the dtype probe (its first parameter only), the modules listed once, the weights counted once
+    assert len(walks) == 3
