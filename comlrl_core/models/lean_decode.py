@@ -58,9 +58,9 @@ from comlrl_core.models.lean_ops import (
     AdapterStack,
     StepRuns,
     StepShared,
+    adapter_stack,
     attend,
     dropout_active,
-    plain_adapter,
     rms_norm,
 )
 from comlrl_core.models.lean_packed import PackedLayer, packed_layer, packed_layer_step
@@ -155,14 +155,7 @@ class LeanDecoder:
         key = id(module)
         if key in self._stacks:
             return self._stacks[key]
-        names = [n for n in self._call_adapters or () if n in module.lora_A]
-        stack = None
-        if names and all(plain_adapter(module, n, dtype) for n in names):
-            with torch.no_grad():
-                down = torch.cat([module.lora_A[n].weight for n in names])  # [sum r, in]
-                # the scaling folded into B: [sum r, out], the right operand of addmm_
-                up = torch.cat([module.lora_B[n].weight.t() * module.scaling[n] for n in names])
-            stack = AdapterStack(down, up, tuple((n, module.lora_A[n].weight.shape[0]) for n in names))
+        _, stack = adapter_stack([module], self._call_adapters or (), dtype)  # scaling folded into B
         self._stacks[key] = stack
         return stack
 

@@ -9,6 +9,7 @@ Public API::
     rms_norm(x, norm) -> x normalised as LlamaRMSNorm does
     StepRuns(runs).mask(layout, x) / .covers(layout)  (rows per adapter in one step)
     AdapterStack(down, up, layout)  (LoRA adapters side by side: two products for all of them)
+    adapter_stack(modules, names, dtype) -> (stackable, AdapterStack | None)
     plain_adapter(module, name, dtype) / dropout_active(dropout)
 """
 
@@ -18,6 +19,8 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 from torch import nn
+
+from comlrl_core.models.cpu.sibling_linears import base_linear
 
 
 class StepShared(NamedTuple):
@@ -90,6 +93,53 @@ class AdapterStack(NamedTuple):
     down: torch.Tensor
     up: torch.Tensor
     layout: tuple[tuple[str, int], ...]
+
+
+def adapters_of(module: Any, names: Sequence[str] | None) -> list[str]:
+    """The adapters ``module`` adds in this call: of ``names`` (the call's adapters, rows
+    assigned per step) those it has, or with ``names`` None its active adapters (every row)."""
+    if module is base_linear(module) or module.disable_adapters:
+        return []
+    if names is None:
+        return [name for name in module.active_adapters if name in module.lora_A]
+    return [name for name in names if name in module.lora_A]
+
+
+def adapter_stack(
+    modules: Sequence[Any], names: Sequence[str] | None, dtype: torch.dtype
+) -> tuple[bool, AdapterStack | None]:
+    """(stackable, the stack) of the adapters on ``modules``: one LoRA layer, or siblings
+    whose outputs lie side by side in one product. (True, None): no adapters; (False, None):
+    an adapter that must keep the per-run route (active dropout, weights not in ``dtype``)."""
+    widths = [base_linear(m).out_features for m in modules]
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    used = [adapters_of(m, names) for m in modules]
+    pairs = [(m, name) for m, names_of in zip(modules, used, strict=True) for name in names_of]
+    if not all(plain_adapter(m, name, dtype) for m, name in pairs):
+        return False, None  # checked before any stacking (the packed route asks at every step)
+    order = list(dict.fromkeys(name for names_of in used for name in names_of))
+    downs: list[torch.Tensor] = []
+    blocks: list[tuple[int, int, torch.Tensor]] = []  # (first row, first column, B^T * scaling)
+    layout: list[tuple[str, int]] = []
+    row = 0
+    with torch.no_grad():
+        for name in order:
+            first = row
+            for module, start, names_of in zip(modules, starts, used, strict=True):
+                if name not in names_of:
+                    continue
+                down = module.lora_A[name].weight.detach()
+                downs.append(down)
+                blocks.append((row, start, module.lora_B[name].weight.detach().t() * module.scaling[name]))
+                row += down.shape[0]
+            layout.append((name, row - first))
+        if not downs:
+            return True, None
+        stacked_down = torch.cat(downs)
+        up = stacked_down.new_zeros(row, sum(widths))
+        for first_row, start, block in blocks:
+            up[first_row : first_row + block.shape[0], start : start + block.shape[1]] = block
+    return True, AdapterStack(stacked_down, up, tuple(layout))
 
 
 def plain_adapter(module: Any, name: str, dtype: torch.dtype) -> bool:

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 
 from comlrl_core.models.cpu import fp32_layout
 from comlrl_core.models.cpu.packed_linear import OnednnOperand, onednn_operand
-from comlrl_core.models.lean_ops import AdapterStack, StepRuns, StepShared, attend, plain_adapter, rms_norm
+from comlrl_core.models.cpu.sibling_linears import base_linear
+from comlrl_core.models.lean_ops import AdapterStack, StepRuns, StepShared, adapter_stack, attend, rms_norm
 
 
 class Product(NamedTuple):
@@ -59,56 +60,6 @@ class PackedLayer(NamedTuple):
     down: Product
 
 
-def _base(module: Any) -> Any:
-    """A LoRA layer's base layer (the lean step only admits vanilla LoRA over a linear), else the layer."""
-    return getattr(module, "base_layer", module)
-
-
-def _adapters_of(module: Any, names: Sequence[str] | None) -> list[str]:
-    """The adapters ``module`` adds in this call: of ``names`` (the call's adapters, rows
-    assigned per step) those it has, or with ``names`` None its active adapters (every row)."""
-    if module is _base(module) or module.disable_adapters:
-        return []
-    if names is None:
-        return [name for name in module.active_adapters if name in module.lora_A]
-    return [name for name in names if name in module.lora_A]
-
-
-def _adapter_stack(modules: Sequence[Any], names: Sequence[str] | None) -> tuple[bool, AdapterStack | None]:
-    """(stackable, the stack) of the adapters on ``modules``, siblings whose outputs lie side
-    by side in one product. (True, None): no adapters; (False, None): an adapter that must
-    keep the modules' route (active dropout, not fp32)."""
-    widths = [_base(m).out_features for m in modules]
-    starts = [sum(widths[:i]) for i in range(len(widths))]
-    used = [_adapters_of(m, names) for m in modules]
-    pairs = [(m, name) for m, names_of in zip(modules, used, strict=True) for name in names_of]
-    if not all(plain_adapter(m, name, torch.float32) for m, name in pairs):
-        return False, None  # checked before any stacking: such a layer is looked up at every step
-    order = list(dict.fromkeys(name for names_of in used for name in names_of))
-    downs: list[torch.Tensor] = []
-    blocks: list[tuple[int, int, torch.Tensor]] = []  # (first row, first column, B^T * scaling)
-    layout: list[tuple[str, int]] = []
-    row = 0
-    with torch.no_grad():
-        for name in order:
-            first = row
-            for module, start, names_of in zip(modules, starts, used, strict=True):
-                if name not in names_of:
-                    continue
-                down = module.lora_A[name].weight.detach()
-                downs.append(down)
-                blocks.append((row, start, module.lora_B[name].weight.detach().t() * module.scaling[name]))
-                row += down.shape[0]
-            layout.append((name, row - first))
-        if not downs:
-            return True, None
-        stacked_down = torch.cat(downs)
-        up = stacked_down.new_zeros(row, sum(widths))
-        for first_row, start, block in blocks:
-            up[first_row : first_row + block.shape[0], start : start + block.shape[1]] = block
-    return True, AdapterStack(stacked_down, up, tuple(layout))
-
-
 def packed_layer(layer: Any, rows: int, adapter_names: Sequence[str] | None, in_call: bool) -> PackedLayer | None:
     """``layer``'s packed products for a pass of ``rows`` rows when its linear layers (a LoRA
     layer's base layers) are plain and packed in oneDNN's format, q/k/v (and gate/up) as one
@@ -119,22 +70,22 @@ def packed_layer(layer: Any, rows: int, adapter_names: Sequence[str] | None, in_
     decoding pass) and keeps it until the call ends (the packing is undone then)."""
     attn, mlp = layer.self_attn, layer.mlp
     modules = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    if not in_call and any(m is not _base(m) for m in modules):
+    if not in_call and any(m is not base_linear(m) for m in modules):
         return None
-    q, k, v, o, gate, up, down = (onednn_operand(_base(m), rows) for m in modules)
+    q, k, v, o, gate, up, down = (onednn_operand(base_linear(m), rows) for m in modules)
     if q is None or gate is None or q.start != 0 or gate.start != 0:
         return None
     if k is None or v is None or up is None or o is None or down is None:
         return None
-    q_width, k_width = _base(attn.q_proj).out_features, _base(attn.k_proj).out_features
+    q_width, k_width = base_linear(attn.q_proj).out_features, base_linear(attn.k_proj).out_features
     stacked = k.packed is q.packed and v.packed is q.packed and k.start == q_width and v.start == q_width + k_width
-    if not stacked or up.packed is not gate.packed or up.start != _base(mlp.gate_proj).out_features:
+    if not stacked or up.packed is not gate.packed or up.start != base_linear(mlp.gate_proj).out_features:
         return None
     if o.start != 0 or down.start != 0:
         return None
     products = []
     for operand, members in ((q, modules[:3]), (o, modules[3:4]), (gate, modules[4:6]), (down, modules[6:])):
-        stackable, adapters = _adapter_stack(members, adapter_names)
+        stackable, adapters = adapter_stack(members, adapter_names, torch.float32)
         if not stackable:
             return None
         products.append(Product(operand, adapters))
@@ -162,7 +113,7 @@ def packed_layer_step(
     attn, mlp = layer.self_attn, layer.mlp
     batch, head_dim = hidden.shape[0], attn.head_dim
     qkv = _product(rms_norm(hidden, layer.input_layernorm), packed.qkv, runs)
-    q_width, k_width = _base(attn.q_proj).out_features, _base(attn.k_proj).out_features
+    q_width, k_width = base_linear(attn.q_proj).out_features, base_linear(attn.k_proj).out_features
     rotated = qkv[:, : q_width + k_width].view(batch, -1, head_dim)
     rotated = torch.addcmul(rotated * shared.cos, rotated.roll(shared.half, dims=-1), shared.signed_sin)
     q_heads = q_width // head_dim
@@ -171,6 +122,6 @@ def packed_layer_step(
     hidden = hidden + _product(attended, packed.o, runs)
     normed = rms_norm(hidden, layer.post_attention_layernorm)
     gate_up = _product(normed, packed.gate_up, runs)
-    width = _base(mlp.gate_proj).out_features
+    width = base_linear(mlp.gate_proj).out_features
     gated = F.silu(gate_up[:, :width]) * gate_up[:, width:]
     return hidden + _product(gated, packed.down, runs)

@@ -31,6 +31,7 @@ an exact reordering) when the block ends or a pass needs the plain layers.
 Public API::
 
     sibling_groups(model, can_fuse, modules=None) -> list[list[nn.Linear]]
+    base_linear(module) -> a LoRA wrapper's base layer, else the module
     FusedSiblings(layers, rows)  (rows: the decoding rows the stacked weight is packed for)
         .output(index, x, decoding) -> sibling ``index``'s output for ``x``
         .restore()  (the plain weights back)
@@ -38,7 +39,7 @@ Public API::
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +58,7 @@ FUSED_PARENTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _base_linear(module: object) -> object:
+def base_linear(module: Any) -> Any:
     """A (peft) LoRA wrapper's base layer, which it calls with its own input; else the module."""
     base = getattr(module, "base_layer", None)
     return base if isinstance(base, nn.Module) else module
@@ -75,7 +76,7 @@ def sibling_groups(
         names = FUSED_PARENTS.get(type(parent).__name__)
         if names is None:
             continue
-        members = [_base_linear(getattr(parent, name, None)) for name in names]
+        members = [base_linear(getattr(parent, name, None)) for name in names]
         if not all(isinstance(m, nn.Linear) and can_fuse(m) for m in members):
             continue
         layers = [m for m in members if isinstance(m, nn.Linear)]
