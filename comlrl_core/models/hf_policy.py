@@ -43,6 +43,7 @@ from comlrl_core.models.completion_post import CompletionStats, cut_at_stop
 from comlrl_core.models.cpu.gqa_attention import use_cpu_gqa_attention
 from comlrl_core.models.cpu.memory_stats import end_of_phase
 from comlrl_core.models.cpu.packed_linear import prepacked_linears
+from comlrl_core.models.eval_mode import sampling_eval_mode
 from comlrl_core.models.lora import (
     SharedLoraBase,
     adapter_lora_settings,
@@ -364,52 +365,47 @@ class TransformersPolicy(Policy):
         rows_out: list[tuple[list[int], int, bool]] = [([], 0, False)] * (len(encoded) * num_samples)
         if row_adapters is None:
             self.activate()
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling
         widest_call = max(len(call) for call in calls) * num_samples
         # rows stop at a stop string while sampling; the text is still cut afterwards
         stop_watch = StopWatch(self.tokenizer, cfg.stop) if cfg.stop else None
-        try:
-            # one autocast region for the whole decode: trainable fp32 weights are cast to
-            # bf16 once (autocast's cast cache), not once per token; on CPU the linear
-            # weights are packed once for the GEMM library, not once per token
-            mixed = sliced_adapter_batches(self.model) if row_adapters is not None else contextlib.nullcontext()
-            with self.compute_context(), prepacked_linears(self.model, widest_call, cfg.max_new_tokens), mixed:
-                for call in calls:
-                    if row_adapters is not None:  # each adapter's rows contiguous: they run on row slices
-                        call = sorted(call, key=lambda p: row_adapters[p])
-                    if self._share_prompt_prefill:  # prefill each prompt once; rows fan out prompt-major
-                        input_ids, mask = self._left_pad([encoded[p] for p in call])
-                        adapters = [row_adapters[p] for p in call] if row_adapters is not None else None
-                    else:  # reference path (tests, benchmarks): every prompt repeated before prefill
-                        input_ids, mask = self._left_pad([encoded[p] for p in call for _ in range(num_samples)])
-                        adapters = [row_adapters[p] for p in call for _ in range(num_samples)] if row_adapters else None
-                    rows = [p * num_samples + s for p in call for s in range(num_samples)]
-                    out = sample_tokens(
-                        self.model,
-                        input_ids,
-                        mask,
-                        max_new_tokens=cfg.max_new_tokens,
-                        temperature=cfg.temperature,
-                        top_p=cfg.top_p,
-                        top_k=cfg.top_k,
-                        eos_token_ids=self.eos_token_ids,
-                        pad_token_id=self.pad_token_id,
-                        generator=[cast(Sequence[torch.Generator], generator)[r] for r in rows]
-                        if per_row
-                        else generator,
-                        num_samples=fan_out,
-                        row_adapters=adapters,
-                        prefill_token_budget=cfg.prefill_token_budget,
-                        stop_watch=stop_watch,
-                    )
-                    found = zip(out.tokens.tolist(), out.lengths.tolist(), out.stopped_on_eos.tolist(), strict=True)
-                    for r, (ids, length, eos) in zip(rows, found, strict=True):
-                        rows_out[r] = (ids, length, eos)
-                    del out, found
-                    end_of_phase()  # the call's KV cache is freed: inside training, what the allocator kept goes back
-        finally:
-            self.model.train(was_training)
+        # one autocast region for the whole decode: trainable fp32 weights are cast to
+        # bf16 once (autocast's cast cache), not once per token; on CPU the linear
+        # weights are packed once for the GEMM library, not once per token
+        mixed = sliced_adapter_batches(self.model) if row_adapters is not None else contextlib.nullcontext()
+        packed = prepacked_linears(self.model, widest_call, cfg.max_new_tokens)
+        # no dropout while sampling; the model's mode switched only where a flag changes
+        with sampling_eval_mode(self.model), self.compute_context(), packed, mixed:
+            for call in calls:
+                if row_adapters is not None:  # each adapter's rows contiguous: they run on row slices
+                    call = sorted(call, key=lambda p: row_adapters[p])
+                if self._share_prompt_prefill:  # prefill each prompt once; rows fan out prompt-major
+                    input_ids, mask = self._left_pad([encoded[p] for p in call])
+                    adapters = [row_adapters[p] for p in call] if row_adapters is not None else None
+                else:  # reference path (tests, benchmarks): every prompt repeated before prefill
+                    input_ids, mask = self._left_pad([encoded[p] for p in call for _ in range(num_samples)])
+                    adapters = [row_adapters[p] for p in call for _ in range(num_samples)] if row_adapters else None
+                rows = [p * num_samples + s for p in call for s in range(num_samples)]
+                out = sample_tokens(
+                    self.model,
+                    input_ids,
+                    mask,
+                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    top_k=cfg.top_k,
+                    eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    generator=[cast(Sequence[torch.Generator], generator)[r] for r in rows] if per_row else generator,
+                    num_samples=fan_out,
+                    row_adapters=adapters,
+                    prefill_token_budget=cfg.prefill_token_budget,
+                    stop_watch=stop_watch,
+                )
+                found = zip(out.tokens.tolist(), out.lengths.tolist(), out.stopped_on_eos.tolist(), strict=True)
+                for r, (ids, length, eos) in zip(rows, found, strict=True):
+                    rows_out[r] = (ids, length, eos)
+                del out, found
+                end_of_phase()  # the call's KV cache is freed: inside training, what the allocator kept goes back
         return [r[0] for r in rows_out], [r[1] for r in rows_out], [r[2] for r in rows_out]
 
     # -- scoring -----------------------------------------------------------------------

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comlrl_core.models.cpu.model_walk import module_tree
 from comlrl_core.models.lean_ops import (
     AdapterStack,
     StepRuns,
@@ -303,7 +304,7 @@ def _hooked(model: nn.Module, decoder: LeanDecoder) -> bool:
     layer or a sub-layer: logits processors, probes, offloading). Hooks on the input
     embeddings run: the lean step calls that module."""
     embeddings = decoder.inner.embed_tokens
-    for module in model.modules():
+    for module in module_tree(model):  # asked every call: the fast walk (a LoRA team: ~3,100 modules)
         if module is not embeddings and (module._forward_hooks or module._forward_pre_hooks):
             return True
     return False

@@ -98,23 +98,28 @@ def test_prefill_verdict_counts_every_batch_not_only_the_worst_ratio(bench):
     assert "worst 1.20x its time (batch 1" in line and line.endswith("-> not met")
 
 
-def test_the_samplers_take_turns_and_every_repeat_is_kept(bench):
-    calls = []
+class _FakeClock:
+    """Stands in for ForwardClock: the n-th call's prefill takes 0.1 * n s, its decoding 1 s."""
 
-    class Clock:
-        def measure(self, call):
-            per_row = call()
-            return 0.1 * len(calls), 1.0, per_row
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
 
-    def sampler(name):
+    def measure(self, call):
+        per_row = call()
+        return 0.1 * len(self.calls), 1.0, per_row
+
+    def sampler(self, name):
         def run(batch, new_tokens):
-            calls.append(name)
+            self.calls.append((name, batch, new_tokens))
             return float(new_tokens)
 
         return run
 
-    mine, theirs = bench.side_by_side(Clock(), sampler("ours"), sampler("hf"), 2, 5, 3)
-    assert calls == ["ours", "hf", "hf", "ours", "ours", "hf"]
+
+def test_the_samplers_take_turns_and_every_repeat_is_kept(bench):
+    clock = _FakeClock()
+    mine, theirs = bench.side_by_side(clock, clock.sampler("ours"), clock.sampler("hf"), 2, 5, 3)
+    assert [name for name, _, _ in clock.calls] == ["ours", "hf", "hf", "ours", "ours", "hf"]
     assert mine.prefill_s == pytest.approx([0.1, 0.4, 0.5]) and theirs.prefill_s == pytest.approx([0.2, 0.3, 0.6])
     assert mine.decode_tok_s == [8.0, 8.0, 8.0]  # (5 - 1) tokens x 2 rows in 1 s
     assert mine.best_prefill == pytest.approx(0.1) and theirs.best_rate == 8.0
@@ -166,3 +171,45 @@ def test_the_measured_buffer_is_twice_the_last_level_cache(bench):
     hw = bench.measure_hardware(copy_mb=4, gemm_n=64, repeats=1, cache_mb=6)
     assert hw.copy_mb == 12 and hw.cache_mb == 6
     assert bench.measure_hardware(copy_mb=16, gemm_n=64, repeats=1, cache_mb=4).copy_mb == 16
+
+
+def test_median_interval_takes_the_order_statistics_of_a_binomial_tail(bench):
+    assert bench.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # 5 values: [min, max] covers 93.75% only
+    # 6 values: [min, max] covers 1 - 2 / 64 = 96.9%
+    assert bench.median_interval([6.0, 1.0, 5.0, 2.0, 4.0, 3.0]) == (3.5, 1.0, 6.0)
+    # 16 values: P(Binomial(16, 1/2) <= 3) = 0.0106 <= 0.025 < P(<= 4) = 0.0384: the 4th and 13th
+    values = [float(v) for v in range(1, 17)]
+    assert bench.median_interval(values) == (8.5, 4.0, 13.0)
+
+
+def _paired_row(bench, ours, hf):
+    return bench.Row("full", 1, min(ours), min(hf), 40.0, 30.0, 48, 48, 60.0, 55.0, tuple(ours), tuple(hf))
+
+
+def test_prefill_verdict_reads_the_median_paired_ratio_once_there_are_six_pairs(bench):
+    hf = [0.40, 0.50, 0.42, 0.48, 0.41, 0.45, 0.44, 0.43]
+    # ours' best (0.39) below theirs' best, yet slower in 15 of 16 pairs: not met
+    slower = [0.39] + [t * 1.1 for t in hf[1:] + hf]
+    assert bench.prefill_verdict(_paired_row(bench, slower, hf + hf)) == "not met"
+    # 7 of 8 slower is not enough for 95% (a sign test's two-sided p is 0.07)
+    assert bench.prefill_verdict(_paired_row(bench, slower[:8], hf)) == "within noise"
+    # ours' best (0.40) equals theirs', faster in 7 of 8 pairs: met
+    faster = [0.42, 0.47, 0.41, 0.47, 0.40, 0.44, 0.43, 0.42]
+    assert bench.prefill_verdict(_paired_row(bench, faster, hf)) == "met"
+    # slower by a median of ~1%, faster in three pairs: the interval reaches 1
+    mixed = [0.40 * 1.01, 0.50 * 0.97, 0.42 * 1.02, 0.48 * 1.01, 0.41 * 0.98, 0.45 * 1.03, 0.44 * 0.99, 0.43 * 1.04]
+    assert bench.prefill_verdict(_paired_row(bench, mixed, hf)) == "within noise"
+    line = bench.target_lines([_paired_row(bench, mixed, hf)])[-1]
+    assert "median of 8 paired ratios 1.01x, 95% interval 0.97-1.04x" in line and line.endswith("-> within noise")
+
+
+def test_extra_prefill_pairs_take_turns_fit_the_budget_and_keep_only_prefill_times(bench):
+    clock = _FakeClock()
+    mine, theirs = bench.Runs([0.4], [10.0]), bench.Runs([0.6], [5.0])
+    assert bench.prefill_pairs_within(3.1, mine, theirs) == 3  # a pair costs 1.0 s
+    assert bench.prefill_pairs_within(0.0, mine, theirs) == 0
+    assert bench.prefill_pairs_within(1000.0, mine, theirs) == bench.MAX_PREFILL_PAIRS
+    bench.more_prefill_pairs(clock, clock.sampler("ours"), clock.sampler("hf"), 4, 2, mine, theirs)
+    assert clock.calls == [("ours", 4, 2), ("hf", 4, 2), ("hf", 4, 2), ("ours", 4, 2)]
+    assert mine.prefill_s == pytest.approx([0.4, 0.1, 0.4]) and theirs.prefill_s == pytest.approx([0.6, 0.2, 0.3])
+    assert mine.decode_tok_s == [10.0] and theirs.decode_tok_s == [5.0]  # decode rates untouched

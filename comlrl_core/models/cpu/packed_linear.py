@@ -44,7 +44,6 @@ decoding step, skipping the layers' module calls) a packed layer's weight and it
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
@@ -55,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from comlrl_core.models.cpu import fp32_layout
+from comlrl_core.models.cpu.model_walk import ModelWalk
 from comlrl_core.models.cpu.sibling_linears import FusedSiblings, sibling_groups
 
 logger = logging.getLogger(__name__)
@@ -295,14 +295,21 @@ def packing_dtype(model: nn.Module) -> torch.dtype | None:
 
 def _replaceable(module: nn.Module, packed_format: str) -> TypeGuard[nn.Linear]:
     """A plain CPU linear layer of a packable dtype whose forward nobody else replaced."""
+    if type(module) is not nn.Linear:
+        return False
+    # an instance-level forward is someone else's wrapper (accelerate's hook moves offloaded
+    # weights in before calling the layer): replacing it would drop it. Both live in the
+    # instance's __dict__ (accelerate sets _hf_hook as a plain attribute); reading it there,
+    # and the weight from _parameters, skips nn.Module.__getattr__ (a LoRA team's block
+    # asks this of ~1,000 linear layers a call)
+    attributes = module.__dict__
+    if "forward" in attributes or "_hf_hook" in attributes:
+        return False
+    weight = module._parameters.get("weight")
     return (
-        type(module) is nn.Linear
-        # an instance-level forward is someone else's wrapper (accelerate's hook moves
-        # offloaded weights in before calling the layer): replacing it would drop it
-        and "forward" not in module.__dict__
-        and not hasattr(module, "_hf_hook")
-        and module.weight.device.type == "cpu"
-        and module.weight.dtype in ((torch.float32,) if packed_format != BF16 else (torch.float32, torch.bfloat16))
+        weight is not None
+        and weight.device.type == "cpu"
+        and weight.dtype in ((torch.float32,) if packed_format != BF16 else (torch.float32, torch.bfloat16))
     )
 
 
@@ -330,40 +337,16 @@ def packing_pays(rows: int, new_tokens: int) -> bool:
     return rows >= MIN_PACKED_ROWS and rows * new_tokens >= MIN_PACKED_ROW_TOKENS
 
 
-def _weight_uses(model: nn.Module) -> collections.Counter[int]:
-    """How many modules hold each parameter (a tied weight: more than one)."""
-    return collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+def _packable_in(walk: ModelWalk, module: nn.Module, packed_format: str) -> bool:
+    """:func:`_packable`, decided once per module and format for the call's walk."""
+    return id(module) in walk.select(packed_format, lambda m: _packable(m, packed_format))
 
 
-class _ModelWalk:
-    """A model's modules and :func:`_weight_uses`, each walked at most once per call when
-    first asked for. A LoRA team's SmolLM2 has ~3,100 modules, which the plan and the
-    wrapping walked six times: the block's entry and exit took 46.1 ms a call, 27.6 with
-    one walk each (medians of 12, taking turns, AMD EPYC; a full model 7.5 -> 5.7)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self._modules: list[nn.Module] | None = None
-        self._uses: collections.Counter[int] | None = None
-
-    @property
-    def modules(self) -> list[nn.Module]:
-        if self._modules is None:
-            self._modules = list(self.model.modules())
-        return self._modules
-
-    @property
-    def uses(self) -> collections.Counter[int]:
-        if self._uses is None:
-            self._uses = _weight_uses(self.model)
-        return self._uses
-
-
-def onednn_units(model: nn.Module, walk: _ModelWalk | None = None) -> tuple[list[list[nn.Linear]], list[nn.Linear]]:
+def onednn_units(model: nn.Module, walk: ModelWalk | None = None) -> tuple[list[list[nn.Linear]], list[nn.Linear]]:
     """What oneDNN's fp32 format packs, in model order: the sets of untied sibling layers
     that share one stacked weight (empty with ``FUSE_SIBLINGS`` off), and every other
     packable layer on its own. ``walk``: the call's walk of ``model``, if it has one."""
-    walk = walk or _ModelWalk(model)
+    walk = walk or ModelWalk(model)
     groups: list[list[nn.Linear]] = []
     if FUSE_SIBLINGS:
         uses = walk.uses
@@ -372,7 +355,7 @@ def onednn_units(model: nn.Module, walk: _ModelWalk | None = None) -> tuple[list
         )
         groups = [g for g in candidates if _big_enough((sum(m.out_features for m in g), g[0].in_features), FP32_ONEDNN)]
     grouped = {id(m) for group in groups for m in group}
-    singles = [m for m in walk.modules if id(m) not in grouped and _packable(m, FP32_ONEDNN)]
+    singles = [m for m in walk.linears if id(m) not in grouped and _packable_in(walk, m, FP32_ONEDNN)]
     return groups, singles
 
 
@@ -385,11 +368,11 @@ class PackingPlan(NamedTuple):
     sibling_sets: list[list[nn.Linear]]
 
 
-def packing_plan(model: nn.Module, rows: int, new_tokens: int | None, walk: _ModelWalk | None = None) -> PackingPlan:
+def packing_plan(model: nn.Module, rows: int, new_tokens: int | None, walk: ModelWalk | None = None) -> PackingPlan:
     """The format :func:`prepacked_linears` packs ``model`` in for a call of ``rows`` rows
     and ``new_tokens`` tokens each, and for oneDNN's the sibling sets it stacks (found once
     a call). ``walk``: the call's walk of ``model``, if it has one."""
-    walk = walk or _ModelWalk(model)
+    walk = walk or ModelWalk(model)
     dtype = packing_dtype(model)
     if dtype == torch.bfloat16:
         return PackingPlan(None if new_tokens is not None and not packing_pays(rows, new_tokens) else BF16, [])
@@ -402,18 +385,18 @@ def packing_plan(model: nn.Module, rows: int, new_tokens: int | None, walk: _Mod
         first_of = {id(group[0]): group for group in groups}
         single_ids = {id(m) for m in singles}
         weights: list[torch.Tensor | tuple[torch.Tensor, ...]] = []
-        for module in walk.modules:
+        for module in walk.linears:  # every packed layer is a plain linear
             if id(module) in first_of:
                 weights.append(tuple(m.weight for m in first_of[id(module)]))
             elif id(module) in single_ids:
-                weights.append(module.weight)  # type: ignore[arg-type]
+                weights.append(module.weight)
         if fp32_layout.layout_for(weights, rows, new_tokens) == "onednn":
             return PackingPlan(FP32_ONEDNN, groups)
     if not _fp32_packing_available():
         return PackingPlan(None, [])
     # MKL's copies of the large weights (the vocabulary projection): measured where they are
     # big enough to time, else the fixed rule
-    large = [m.weight for m in walk.modules if _packable(m, FP32_MKL)]
+    large = [m.weight for m in walk.linears if _packable_in(walk, m, FP32_MKL)]
     pays = fp32_layout.mkl_packing_pays(large, rows, new_tokens)
     if pays is None:
         pays = new_tokens is None or packing_pays(rows, new_tokens)
@@ -427,7 +410,7 @@ def prepacked_linears(model: nn.Module, rows: int, new_tokens: int | None = None
     inside the autocast region the passes run in (it decides the packing dtype).
     ``new_tokens`` (tokens each row will decode): pack only where it pays (fp32 on MKL:
     :func:`packing_pays`; fp32 on oneDNN: :func:`fp32_layout.layout_for`)."""
-    walk = _ModelWalk(model)
+    walk = ModelWalk(model)
     packed_format, sibling_sets = packing_plan(model, rows, new_tokens, walk)
     patched: list[nn.Linear] = []
     try:
@@ -441,13 +424,13 @@ def prepacked_linears(model: nn.Module, rows: int, new_tokens: int | None = None
                     shared = FusedSiblings(group, rows)
                     fused.update({id(layer): (layer, shared, index) for index, layer in enumerate(group)})
             try:
-                for module in walk.modules:
+                for module in walk.linears:  # every packed layer is a plain linear
                     sibling = fused.get(id(module))
                     if sibling is not None:
                         layer, shared, index = sibling
                         layer.__dict__["forward"] = _PackedForward(layer, packed_format, rows, siblings=(shared, index))
                         patched.append(layer)
-                    elif _packable(module, packed_format):
+                    elif _packable_in(walk, module, packed_format):
                         # an instance-level forward shadows nn.Linear.forward for this layer only
                         module.__dict__["forward"] = _PackedForward(
                             module, packed_format, rows, release_plain=uses[id(module.weight)] == 1

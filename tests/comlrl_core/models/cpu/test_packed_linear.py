@@ -10,7 +10,7 @@ import pytest
 import torch
 from onednn_marks import needs_onednn
 
-from comlrl_core.models.cpu import fp32_layout, packed_linear
+from comlrl_core.models.cpu import fp32_layout, model_walk, packed_linear
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.policy import GenerationConfig
 
@@ -261,16 +261,33 @@ def test_a_call_walks_the_models_modules_once(lora_team, monkeypatch):
     weights: each walk of a LoRA team's ~3,000 modules costs milliseconds a call."""
     monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
     model = lora_team[0].model
-    walks: list[int] = []
-    real = torch.nn.Module.named_modules
+    walks: list[str] = []
+    real_named, real_tree = torch.nn.Module.named_modules, model_walk.module_tree
 
     def counted(self, *args, **kwargs):
-        if self is model:  # every walk of the model starts here (modules(), named_parameters())
-            walks.append(1)
-        return real(self, *args, **kwargs)
+        if self is model:  # nn.Module's walks start here (modules(), named_parameters())
+            walks.append("named_modules")
+        return real_named(self, *args, **kwargs)
+
+    def counted_tree(root):
+        walks.append("module_tree")
+        return real_tree(root)
 
     monkeypatch.setattr(torch.nn.Module, "named_modules", counted)
+    monkeypatch.setattr(model_walk, "module_tree", counted_tree)
+    checked: list[torch.nn.Module] = []
+    real_packable = packed_linear._packable
+
+    def counted_packable(module, packed_format):
+        checked.append(module)
+        return real_packable(module, packed_format)
+
+    monkeypatch.setattr(packed_linear, "_packable", counted_packable)
     with torch.no_grad(), packed_linear.prepacked_linears(model, rows=4, new_tokens=64) as active:
         assert active
-    # the dtype probe (its first parameter only), the modules listed once, the weights counted once
-    assert len(walks) == 3
+    # the dtype probe (its first parameter only), then one walk for the modules and the weights' uses
+    assert walks == ["named_modules", "module_tree"]
+    # each plain linear layer's packability decided once (the plan and the wrapping both
+    # ask), and no other module's (only plain linear layers pack)
+    linears = {id(m) for m in model.modules() if type(m) is torch.nn.Linear}
+    assert len(checked) == len(linears) and {id(m) for m in checked} == linears
