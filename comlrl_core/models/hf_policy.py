@@ -31,9 +31,7 @@ own adapter before each forward pass.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-from typing import Any, Iterator, Sequence, cast
+from typing import Iterator, Sequence, cast
 
 import torch
 from torch import nn
@@ -52,13 +50,12 @@ from comlrl_core.models.lora import (
 )
 from comlrl_core.models.mixed_adapters import sliced_adapter_batches
 from comlrl_core.models.model_source import (
-    POLICY_META,
     ModelSource,
     load_causal_lm,
     load_tokenizer,
-    portable_model_name,
     resolve_model_source,
 )
+from comlrl_core.models.policy_files import load_policy, save_policy
 from comlrl_core.models.sampling import (
     padded_position_ids,
     prompt_groups_within_budget,
@@ -461,81 +458,11 @@ class TransformersPolicy(Policy):
         comp_mask = mask[:, width_p:].to(logprobs.dtype)
         return logprobs * comp_mask, comp_mask
 
-    # -- persistence -------------------------------------------------------------------
+    # -- persistence (comlrl_core.models.policy_files) ----------------------------------
     def save(self, directory: str) -> None:
         """LoRA: adapter only (peft layout, safetensors). Full: ``save_pretrained`` folder."""
-        os.makedirs(directory, exist_ok=True)
-        source = self._portable_source()
-        meta = {
-            "format": 1,
-            "kind": "lora" if self.is_lora else "full",
-            "name": self.name,
-            "source": source,
-            "adapter_name": self.adapter_name,
-        }
-        lora = self._lora()
-        if lora is not None:
-            shared, adapter = lora
-            shared.save_adapter(adapter, directory, base_model=source)
-        else:
-            # a transformers model (nn.Module's __getattr__ would type the method as a tensor)
-            cast(Any, self.model).save_pretrained(directory, safe_serialization=True)
-            self.tokenizer.save_pretrained(directory)
-        with open(os.path.join(directory, POLICY_META), "w") as f:
-            json.dump(meta, f, indent=2)
-
-    def _portable_source(self) -> str | None:
-        """The base model to record with saved weights: an alias or hub id when the base
-        has one (it moves to another machine), else the spec's model as given."""
-        if self.source is not None:
-            portable = portable_model_name(self.source)
-            if portable is not None:
-                return portable
-            if self.source.adapter is not None:  # a warm start: record the base, not the adapter
-                src = self.source
-                return os.path.join(src.path, src.gguf_file) if src.gguf_file else src.path
-        return self.spec.model if self.spec else None
+        save_policy(self, directory)
 
     def load(self, directory: str) -> None:
         """Load weights saved by :meth:`save` into this policy, in place."""
-        meta_path = os.path.join(directory, POLICY_META)
-        if os.path.isfile(meta_path):
-            with open(meta_path) as f:
-                kind = json.load(f).get("kind")
-            mine = "lora" if self.is_lora else "full"
-            if kind != mine:
-                raise ValueError(f"{directory} holds a {kind} checkpoint but policy {self.name!r} is {mine}")
-        lora = self._lora()
-        if lora is not None:
-            shared, adapter = lora
-            shared.load_adapter(adapter, directory)
-        else:
-            _load_full_weights(self.model, directory)
-
-
-def _load_full_weights(model: nn.Module, directory: str) -> None:
-    from safetensors.torch import load_file
-
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.isfile(os.path.join(directory, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"no model.safetensors (or index) in {directory}")
-    device = str(next(model.parameters()).device)
-    expected = model.state_dict()
-    loaded: set[str] = set()
-    for name in files:
-        state = load_file(os.path.join(directory, name), device=device)
-        unknown = sorted(set(state) - set(expected))
-        if unknown:
-            raise ValueError(f"{directory}/{name} has weights this model lacks: {unknown[:5]}")
-        model.load_state_dict(state, strict=False)
-        loaded.update(state)
-    # weights absent from the files must be tied to ones that were loaded (e.g. lm_head)
-    loaded_ptrs = {expected[k].data_ptr() for k in loaded}
-    missing = [k for k in expected if k not in loaded and expected[k].data_ptr() not in loaded_ptrs]
-    if missing:
-        raise ValueError(f"{directory} lacks weights for {missing[:5]}")
+        load_policy(self, directory)
