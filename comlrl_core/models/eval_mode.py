@@ -9,7 +9,10 @@ AMD EPYC Zen 5, 2 CPUs) one ``train(False)`` took 9 ms when no flag changed and 
 change; a call that switched to eval and back spent 18-55 ms on it, about a tenth of a
 one-row prefill. Where every module is already in eval mode (evaluation, benchmarks,
 a policy set to ``eval()`` by its user), nothing is switched; otherwise the model's own
-``eval()`` and ``train(mode)`` run exactly as before.
+``eval()`` and ``train(mode)`` run exactly as before. One case differs: a model whose flags
+are all off but whose hub-kernel mode someone set to training by hand keeps that kernel
+mode while it samples (``eval()`` would have switched it to inference kernels); the
+results are the same, only the kernels chosen may be slower.
 
 Public API::
 
