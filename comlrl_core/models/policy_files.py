@@ -17,7 +17,7 @@ Loading a checkpoint of the other kind is refused with the directory and both ki
 
 Public API::
 
-    StoredPolicy  (what a policy gives these: model, tokenizer, name, shared_base, adapter_name, spec, source)
+    StoredPolicy  (what a policy gives these: model, tokenizer, name, adapter_name, spec, source, is_lora, _lora())
     save_policy(policy, directory)
     load_policy(policy, directory)
     portable_source(policy) -> str | None
@@ -43,16 +43,16 @@ class StoredPolicy(Protocol):
     model: nn.Module
     tokenizer: Any
     name: str
-    shared_base: SharedLoraBase | None  # LoRA: the shared base and the agent's adapter
     adapter_name: str | None
     spec: AgentSpec | None
     source: ModelSource | None
 
+    @property
+    def is_lora(self) -> bool: ...
 
-def _adapter(policy: StoredPolicy) -> tuple[SharedLoraBase, str] | None:
-    if policy.shared_base is None or policy.adapter_name is None:
-        return None
-    return policy.shared_base, policy.adapter_name
+    def _lora(self) -> tuple[SharedLoraBase, str] | None:
+        """(shared base, adapter name) of a LoRA policy; None for a full one."""
+        ...
 
 
 def save_policy(policy: StoredPolicy, directory: str) -> None:
@@ -61,12 +61,12 @@ def save_policy(policy: StoredPolicy, directory: str) -> None:
     source = portable_source(policy)
     meta = {
         "format": 1,
-        "kind": "lora" if policy.shared_base is not None else "full",
+        "kind": "lora" if policy.is_lora else "full",
         "name": policy.name,
         "source": source,
         "adapter_name": policy.adapter_name,
     }
-    lora = _adapter(policy)
+    lora = policy._lora()
     if lora is not None:
         shared, adapter = lora
         shared.save_adapter(adapter, directory, base_model=source)
@@ -97,10 +97,10 @@ def load_policy(policy: StoredPolicy, directory: str) -> None:
     if os.path.isfile(meta_path):
         with open(meta_path) as f:
             kind = json.load(f).get("kind")
-        mine = "lora" if policy.shared_base is not None else "full"
+        mine = "lora" if policy.is_lora else "full"
         if kind != mine:
             raise ValueError(f"{directory} holds a {kind} checkpoint but policy {policy.name!r} is {mine}")
-    lora = _adapter(policy)
+    lora = policy._lora()
     if lora is not None:
         shared, adapter = lora
         shared.load_adapter(adapter, directory)
