@@ -564,11 +564,11 @@ def target_lines(rows: Sequence[Row]) -> list[str]:
         runs = ""
         if len(worst.prefill_ours_runs) > 1 and len(worst.prefill_hf_runs) > 1:
             runs = f"; repeats {_span(worst.prefill_ours_runs, ' s')} vs {_span(worst.prefill_hf_runs, ' s')}"
-        paired = median_interval(paired_prefill_ratios(worst))
+        ratios = paired_prefill_ratios(worst)
+        paired = median_interval(ratios)
         if paired is not None:
             median, low, high = paired
-            count = len(paired_prefill_ratios(worst))
-            runs += f"; median of {count} paired ratios {median:.2f}x, 95% interval {low:.2f}-{high:.2f}x"
+            runs += f"; median of {len(ratios)} paired ratios {median:.2f}x, 95% interval {low:.2f}-{high:.2f}x"
         verdicts = {prefill_verdict(r) for r in mine.values()}  # every batch counts, not just the worst ratio
         verdict = next(v for v in ("not met", "within noise", "met") if v in verdicts)
         lines.append(
