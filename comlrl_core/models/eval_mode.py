@@ -16,7 +16,7 @@ results are the same, only the kernels chosen may be slower.
 
 Public API::
 
-    sampling_eval_mode(model)  (context manager)
+    sampling_eval_mode(model, walk=None)  (context manager)
 """
 
 from __future__ import annotations
@@ -26,16 +26,18 @@ from typing import Iterator
 
 from torch import nn
 
-from comlrl_core.models.cpu.model_walk import module_tree
+from comlrl_core.models.cpu.model_walk import ModelWalk
 
 
 @contextlib.contextmanager
-def sampling_eval_mode(model: nn.Module) -> Iterator[None]:
+def sampling_eval_mode(model: nn.Module, walk: ModelWalk | None = None) -> Iterator[None]:
     """``model`` in eval mode inside the block; after it, ``model.train(mode)`` with the
     root's mode from before, as a plain ``eval()`` ... ``train(mode)`` pair would leave it.
-    Neither runs when every module is in eval mode already (they would change nothing)."""
+    Neither runs when every module is in eval mode already (they would change nothing).
+    ``walk``: the sampling call's walk of ``model`` (shared with the weight packing), if
+    it has one."""
     was_training = model.training
-    switch = any(module.training for module in module_tree(model))
+    switch = any(module.training for module in (walk or ModelWalk(model)).modules)
     if switch:
         model.eval()
     try:

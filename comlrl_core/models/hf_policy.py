@@ -40,6 +40,7 @@ from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.completion_post import CompletionStats, cut_at_stop
 from comlrl_core.models.cpu.gqa_attention import use_cpu_gqa_attention
 from comlrl_core.models.cpu.memory_stats import end_of_phase
+from comlrl_core.models.cpu.model_walk import ModelWalk
 from comlrl_core.models.cpu.packed_linear import prepacked_linears
 from comlrl_core.models.eval_mode import sampling_eval_mode
 from comlrl_core.models.lora import (
@@ -369,9 +370,10 @@ class TransformersPolicy(Policy):
         # bf16 once (autocast's cast cache), not once per token; on CPU the linear
         # weights are packed once for the GEMM library, not once per token
         mixed = sliced_adapter_batches(self.model) if row_adapters is not None else contextlib.nullcontext()
-        packed = prepacked_linears(self.model, widest_call, cfg.max_new_tokens)
+        walk = ModelWalk(self.model)  # one walk of the modules for the mode check and the packing
+        packed = prepacked_linears(self.model, widest_call, cfg.max_new_tokens, walk)
         # no dropout while sampling; the model's mode switched only where a flag changes
-        with sampling_eval_mode(self.model), self.compute_context(), packed, mixed:
+        with sampling_eval_mode(self.model, walk), self.compute_context(), packed, mixed:
             for call in calls:
                 if row_adapters is not None:  # each adapter's rows contiguous: they run on row slices
                     call = sorted(call, key=lambda p: row_adapters[p])

@@ -404,13 +404,16 @@ def packing_plan(model: nn.Module, rows: int, new_tokens: int | None, walk: Mode
 
 
 @contextlib.contextmanager
-def prepacked_linears(model: nn.Module, rows: int, new_tokens: int | None = None) -> Iterator[bool]:
+def prepacked_linears(
+    model: nn.Module, rows: int, new_tokens: int | None = None, walk: ModelWalk | None = None
+) -> Iterator[bool]:
     """Within the block, no-grad calls of ``model``'s linear layers use weights packed for
     ``rows`` input rows (the decoding batch). Yields whether packing is active. Call it
     inside the autocast region the passes run in (it decides the packing dtype).
     ``new_tokens`` (tokens each row will decode): pack only where it pays (fp32 on MKL:
-    :func:`packing_pays`; fp32 on oneDNN: :func:`fp32_layout.layout_for`)."""
-    walk = ModelWalk(model)
+    :func:`packing_pays`; fp32 on oneDNN: :func:`fp32_layout.layout_for`). ``walk``: the
+    sampling call's walk of ``model``, if it has one (a new one otherwise)."""
+    walk = walk or ModelWalk(model)
     packed_format, sibling_sets = packing_plan(model, rows, new_tokens, walk)
     patched: list[nn.Linear] = []
     try:

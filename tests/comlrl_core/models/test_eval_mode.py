@@ -83,3 +83,22 @@ def test_generate_samples_without_dropout_and_leaves_the_policys_mode(tiny_path,
         handle.remove()
     # a forward hook keeps the lean decoding step off, so every pass was seen by the hook
     assert len(seen) == 2 * 3  # the prompt pass and two decoding steps per call
+
+
+def test_a_sampling_call_walks_the_model_once_for_the_mode_check_and_the_packing(tiny_path, monkeypatch):
+    from comlrl_core.models.cpu import model_walk
+
+    policy = TransformersPolicy.from_source(tiny_path, device="cpu")
+    policy.train()  # the mode check then switches, as in training
+    walks: list[int] = []
+    real = model_walk.module_tree
+
+    def counted(root):
+        if root is policy.model:
+            walks.append(1)
+        return real(root)
+
+    monkeypatch.setattr(model_walk, "module_tree", counted)
+    policy.generate(["def add(a, b):"], 1, GenerationConfig(max_new_tokens=3), seed=0)
+    assert walks == [1]  # one ModelWalk, shared by sampling_eval_mode and prepacked_linears
+    assert policy.model.training
