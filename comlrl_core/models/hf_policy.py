@@ -42,7 +42,8 @@ from comlrl_core.models.cpu.gqa_attention import use_cpu_gqa_attention
 from comlrl_core.models.cpu.memory_stats import end_of_phase
 from comlrl_core.models.cpu.model_walk import ModelWalk
 from comlrl_core.models.cpu.packed_linear import prepacked_linears
-from comlrl_core.models.eval_mode import sampling_eval_mode
+from comlrl_core.models.eval_mode import sampling_eval_mode, without_idle_hub_kernels
+from comlrl_core.models.lean_lora import lean_lora_forwards
 from comlrl_core.models.lora import (
     SharedLoraBase,
     adapter_lora_settings,
@@ -72,6 +73,7 @@ def load_base_model(source: ModelSource, spec: AgentSpec) -> nn.Module:
     """Load ``source`` in the spec's dtype onto its device, ready for LoRA or full training."""
     model = load_causal_lm(source, spec.base_torch_dtype)
     model.to(spec.resolved_device())
+    without_idle_hub_kernels(model)  # on the CPU they select no kernel and slow every mode switch
     use_cpu_gqa_attention(model)  # no key/value head copies in masked CPU passes
     use_lean_swiglu(model)  # training forwards keep gate and up, not silu(gate) too
     if spec.gradient_checkpointing:
@@ -372,8 +374,10 @@ class TransformersPolicy(Policy):
         mixed = sliced_adapter_batches(self.model) if row_adapters is not None else contextlib.nullcontext()
         walk = ModelWalk(self.model)  # one walk of the modules for the mode check and the packing
         packed = prepacked_linears(self.model, widest_call, cfg.max_new_tokens, walk)
+        # LoRA layers add their update in place (no-grad passes)
+        lean_lora = lean_lora_forwards(self.model, walk.modules) if self.is_lora else contextlib.nullcontext()
         # no dropout while sampling; the model's mode switched only where a flag changes
-        with sampling_eval_mode(self.model, walk), self.compute_context(), packed, mixed:
+        with sampling_eval_mode(self.model, walk), self.compute_context(), packed, mixed, lean_lora:
             for call in calls:
                 if row_adapters is not None:  # each adapter's rows contiguous: they run on row slices
                     call = sorted(call, key=lambda p: row_adapters[p])

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from comlrl_core.models.cpu.model_walk import module_tree
+from comlrl_core.models.lean_lora import is_vanilla_lora_linear
 from comlrl_core.models.lean_ops import (
     AdapterStack,
     StepRuns,
@@ -65,7 +66,7 @@ from comlrl_core.models.lean_ops import (
     rms_norm,
 )
 from comlrl_core.models.lean_packed import PackedLayer, packed_layer, packed_layer_step
-from comlrl_core.models.mixed_adapters import adapter_runs, is_vanilla_lora_linear
+from comlrl_core.models.mixed_adapters import adapter_runs
 
 logger = logging.getLogger(__name__)
 

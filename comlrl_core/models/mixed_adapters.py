@@ -10,8 +10,9 @@ call and the base GEMMs 20%.
 When the rows of each adapter are contiguous (the joint sampler orders them so), a row
 slice is a view: :func:`sliced_adapter_batches` runs each adapter on ``x[start:stop]`` and
 adds its output into ``result[start:stop]`` in place, with the same arithmetic as peft's
-vanilla LoRA (``B(A(dropout(x))) * scaling``). Layers with an adapter variant (DoRA and
-the like) keep peft's own path.
+vanilla LoRA (``B(A(dropout(x))) * scaling``; in a no-grad call one ``addmm_`` adds the
+scaled update, :func:`~comlrl_core.models.lean_lora.add_lora_update`). Layers with an
+adapter variant (DoRA and the like) keep peft's own path.
 
 Public API::
 
@@ -27,6 +28,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
+
+from comlrl_core.models.lean_lora import add_lora_update, inactive_dropout, is_vanilla_lora_linear
 
 __all__ = ["adapter_runs", "is_vanilla_lora_linear", "sliced_adapter_batches"]
 
@@ -51,6 +54,17 @@ def adapter_runs(names: Sequence[str]) -> list[tuple[str, int, int]]:
             runs.append((names[start], start, i))
             start = i
     return runs
+
+
+def _in_place(x: torch.Tensor, result: torch.Tensor, lora_a: nn.Module, lora_b: nn.Module, dropout: nn.Module) -> bool:
+    """Whether an adapter's update can go into ``result`` in one in-place product
+    (:func:`~comlrl_core.models.lean_lora.add_lora_update`): no gradients needed, one dtype,
+    no autocast, no bias, no active dropout."""
+    if torch.is_grad_enabled() and (x.requires_grad or lora_a.weight.requires_grad or lora_b.weight.requires_grad):
+        return False
+    if torch.is_autocast_enabled(x.device.type) or lora_a.bias is not None or lora_b.bias is not None:
+        return False
+    return x.dtype == result.dtype == lora_a.weight.dtype == lora_b.weight.dtype and inactive_dropout(dropout)
 
 
 class _SlicedMixedForward:
@@ -78,25 +92,13 @@ class _SlicedMixedForward:
             if name not in layer.lora_A:  # "__base__" or another layer's adapter: the base output stays
                 continue
             lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
+            if _in_place(x, result, lora_a, lora_b, layer.lora_dropout[name]):
+                add_lora_update(result[start:stop], x[start:stop], lora_a, lora_b, layer.scaling[name])
+                continue
             rows = x[start:stop].to(lora_a.weight.dtype)
             delta = lora_b(lora_a(layer.lora_dropout[name](rows))) * layer.scaling[name]
             result[start:stop] += delta.to(result.dtype)
         return result
-
-
-def is_vanilla_lora_linear(module: nn.Module) -> bool:
-    """A peft LoRA linear layer with vanilla adapters only (no variants, not merged, no
-    fan-in/fan-out weights): its output is ``base_layer(x) + B(A(x)) * scaling``."""
-    try:
-        from peft.tuners.lora.layer import Linear as LoraLinear
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return False
-    return (
-        type(module) is LoraLinear
-        and not getattr(module, "lora_variant", {})
-        and not getattr(module, "merged", False)
-        and not getattr(module, "fan_in_fan_out", False)
-    )
 
 
 def _sliceable(module: nn.Module) -> bool:

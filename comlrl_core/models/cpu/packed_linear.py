@@ -319,7 +319,15 @@ def _big_enough(shape: tuple[int, ...], packed_format: str) -> bool:
 
 
 def _packable(module: nn.Module, packed_format: str) -> TypeGuard[nn.Linear]:
-    return _replaceable(module, packed_format) and _big_enough(tuple(module.weight.shape), packed_format)
+    # the size first, from the layer's own attributes: it turns away a LoRA team's ~840
+    # low-rank factors before the costlier checks
+    attributes = module.__dict__
+    shape = (attributes.get("out_features", 0), attributes.get("in_features", 0))
+    return (
+        _big_enough(shape, packed_format)
+        and _replaceable(module, packed_format)
+        and _big_enough(tuple(module.weight.shape), packed_format)
+    )
 
 
 # Packing a weight costs a pass over it (the SmolLM2 lm_head: ~157 ms on 2 cores, once per
