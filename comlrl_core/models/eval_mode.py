@@ -5,7 +5,7 @@ end. ``model.eval()`` / ``model.train(mode)`` are not free: ``nn.Module.train`` 
 flag of every module through ``nn.Module.__setattr__`` (~3,100 modules on a LoRA team), and
 transformers (5.x with the ``kernels`` package installed, which turns hub kernels on by
 default) adds hub-kernel bookkeeping to every call and re-kernelizes the whole model when
-the mode changes. Measured on a LoRA team's SmolLM2 (AMD EPYC, 2 CPUs, medians of 15):
+the mode changes. Measured on a LoRA team's SmolLM2 (AMD EPYC Zen 4, 2 CPUs, medians of 15):
 ``eval()`` and ``train()`` together 48.8 ms with hub kernels on, 17.1 ms with them off, and
 0.36 ms setting the flags directly; a one-row prefill takes ~500 ms.
 
