@@ -18,7 +18,7 @@ adapters, an adapter variant (DoRA), a bias on B, an active dropout, or dtypes t
 Public API::
 
     add_lora_update(out, x, lora_a, lora_b, scaling) -> out, updated in place
-    inactive_dropout(module) -> whether a LoRA dropout passes its input through
+    update_in_place_allowed(x, out_dtype, lora_a, lora_b, dropout) -> bool
     is_vanilla_lora_linear(module) -> whether a layer is a plain peft LoRA linear
     lean_lora_forwards(model, modules=None)  (context manager; yields the layers switched)
 """
@@ -68,8 +68,18 @@ def add_lora_update(
     return out
 
 
-def inactive_dropout(dropout: nn.Module) -> bool:
-    """Whether a LoRA dropout module passes its input through unchanged."""
+def update_in_place_allowed(
+    x: torch.Tensor, out_dtype: torch.dtype, lora_a: nn.Module, lora_b: nn.Module, dropout: nn.Module
+) -> bool:
+    """Whether :func:`add_lora_update` computes what peft would for input ``x`` and an output
+    of ``out_dtype``: no gradients needed, no autocast, one dtype throughout, no bias on
+    either factor, a dropout that passes its input through."""
+    if torch.is_grad_enabled() and (x.requires_grad or lora_a.weight.requires_grad or lora_b.weight.requires_grad):
+        return False
+    if torch.is_autocast_enabled(x.device.type) or lora_a.bias is not None or lora_b.bias is not None:
+        return False
+    if not (x.dtype == out_dtype == lora_a.weight.dtype == lora_b.weight.dtype):
+        return False
     return isinstance(dropout, nn.Identity) or (isinstance(dropout, nn.Dropout) and not dropout.training)
 
 
@@ -83,19 +93,17 @@ class _LeanLoraForward:
     def _covered(self, x: torch.Tensor, kwargs: dict) -> tuple[nn.Linear, nn.Linear, float] | None:
         """The active adapter's (A, B, scaling) when this call can take the lean path."""
         layer = self.layer
-        if kwargs or layer.disable_adapters or layer.merged or torch.is_autocast_enabled(x.device.type):
+        if kwargs or layer.disable_adapters or layer.merged:
             return None
         active = layer.active_adapters
         if len(active) != 1 or active[0] not in layer.lora_A or active[0] in getattr(layer, "lora_variant", {}):
             return None
         name = active[0]
         lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
-        if lora_a.bias is not None or lora_b.bias is not None or not inactive_dropout(layer.lora_dropout[name]):
-            return None
-        if torch.is_grad_enabled() and (x.requires_grad or lora_a.weight.requires_grad or lora_b.weight.requires_grad):
-            return None
         base_weight = getattr(layer.base_layer, "weight", None)
-        if base_weight is None or not (x.dtype == base_weight.dtype == lora_a.weight.dtype == lora_b.weight.dtype):
+        if base_weight is None or not update_in_place_allowed(
+            x, base_weight.dtype, lora_a, lora_b, layer.lora_dropout[name]
+        ):
             return None
         return lora_a, lora_b, layer.scaling[name]
 

@@ -29,7 +29,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from comlrl_core.models.lean_lora import add_lora_update, inactive_dropout, is_vanilla_lora_linear
+from comlrl_core.models.lean_lora import add_lora_update, is_vanilla_lora_linear, update_in_place_allowed
 
 __all__ = ["adapter_runs", "is_vanilla_lora_linear", "sliced_adapter_batches"]
 
@@ -54,17 +54,6 @@ def adapter_runs(names: Sequence[str]) -> list[tuple[str, int, int]]:
             runs.append((names[start], start, i))
             start = i
     return runs
-
-
-def _in_place(x: torch.Tensor, result: torch.Tensor, lora_a: nn.Module, lora_b: nn.Module, dropout: nn.Module) -> bool:
-    """Whether an adapter's update can go into ``result`` in one in-place product
-    (:func:`~comlrl_core.models.lean_lora.add_lora_update`): no gradients needed, one dtype,
-    no autocast, no bias, no active dropout."""
-    if torch.is_grad_enabled() and (x.requires_grad or lora_a.weight.requires_grad or lora_b.weight.requires_grad):
-        return False
-    if torch.is_autocast_enabled(x.device.type) or lora_a.bias is not None or lora_b.bias is not None:
-        return False
-    return x.dtype == result.dtype == lora_a.weight.dtype == lora_b.weight.dtype and inactive_dropout(dropout)
 
 
 class _SlicedMixedForward:
@@ -92,7 +81,7 @@ class _SlicedMixedForward:
             if name not in layer.lora_A:  # "__base__" or another layer's adapter: the base output stays
                 continue
             lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
-            if _in_place(x, result, lora_a, lora_b, layer.lora_dropout[name]):
+            if update_in_place_allowed(x, result.dtype, lora_a, lora_b, layer.lora_dropout[name]):
                 add_lora_update(result[start:stop], x[start:stop], lora_a, lora_b, layer.scaling[name])
                 continue
             rows = x[start:stop].to(lora_a.weight.dtype)

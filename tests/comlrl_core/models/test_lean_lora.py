@@ -144,3 +144,30 @@ def test_a_lora_sampling_call_adds_updates_in_place(lora_team, monkeypatch, join
         lora_team[0].generate(["def f():"], 1, cfg, seed=0)
     assert calls  # the prompt pass went through the in-place update
     assert not any("forward" in m.__dict__ for m in _lora_layers(lora_team[0].model))
+
+
+def test_per_row_adapter_slices_update_in_place_only_without_gradients(lora_team, monkeypatch):
+    from comlrl_core.models import mixed_adapters
+
+    model = lora_team[0].model.eval()
+    calls = _lean_calls(monkeypatch)
+    monkeypatch.setattr(mixed_adapters, "add_lora_update", lean_lora.add_lora_update)  # counted
+    ids = torch.randint(3, 50, (2, 5))
+    names = ["agent_0", "agent_1"]
+    adapters = [p for name, p in model.named_parameters() if "lora_" in name]
+    trainable = [p.requires_grad for p in adapters]
+    for p in adapters:  # both agents train (peft freezes the inactive adapter otherwise)
+        p.requires_grad_(True)
+    with torch.no_grad():
+        expected = model(input_ids=ids, adapter_names=names).logits  # peft's gathered rows
+    with mixed_adapters.sliced_adapter_batches(model):
+        model(input_ids=ids, adapter_names=names).logits.sum().backward()  # gradients: no in-place update
+        assert calls == []
+        with torch.no_grad():
+            got = model(input_ids=ids, adapter_names=names).logits
+    assert calls and torch.allclose(got, expected, atol=1e-5)
+    grads = [p.grad for name, p in model.named_parameters() if "lora_B.agent_1" in name]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+    model.zero_grad(set_to_none=True)
+    for p, flag in zip(adapters, trainable, strict=True):
+        p.requires_grad_(flag)
