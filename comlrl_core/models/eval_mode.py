@@ -17,8 +17,9 @@ Two measures:
   other devices the setting is left alone (hub kernels there replace layers).
 - :func:`sampling_eval_mode`: where every module's ``train`` only sets its flag
   (``nn.Module.train``, or transformers' override on a model without hub kernels), the
-  flags are set directly and each module gets ITS OWN flag back afterwards (a submodule a
-  user froze in eval mode stays so). Where some module overrides ``train`` otherwise, the
+  flags (plain instance attributes, as ``nn.Module.__init__`` makes them) are set directly
+  and each module gets ITS OWN flag back afterwards (a submodule a user froze in eval mode
+  stays so). Where some module overrides ``train`` otherwise, the
   model's own ``eval()`` and ``train(root's mode)`` run, as a plain pair would. Where every
   module is in eval mode already, nothing is switched.
 
@@ -62,9 +63,12 @@ def without_idle_hub_kernels(model: nn.Module) -> bool:
 
 
 def _flags_only(modules: Sequence[nn.Module]) -> bool:
-    """Whether every module's ``train`` does nothing but set its flags: ``nn.Module.train``,
-    or transformers' override on a model without hub kernels (it then only calls it)."""
+    """Whether every module's ``train`` does nothing but set its flags (``nn.Module.train``,
+    or transformers' override on a model without hub kernels, which then only calls it)
+    and every flag is the plain instance attribute ``nn.Module.__init__`` made."""
     for module in modules:
+        if "training" not in module.__dict__:  # the flag lives elsewhere (a property): not ours to set
+            return False
         method = type(module).train
         if method is nn.Module.train:
             continue

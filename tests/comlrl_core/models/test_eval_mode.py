@@ -96,6 +96,25 @@ def test_a_module_with_its_own_train_is_switched_through_it():
     assert model.switches == 2 and _modes(model) == [True] * 3  # eval() then train(True), as before
 
 
+class _FlagElsewhere(nn.Sequential):
+    """A module whose training flag is a property over other state."""
+
+    @property
+    def training(self) -> bool:
+        return self.__dict__.get("_mode", True)
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        self.__dict__["_mode"] = mode
+
+
+def test_a_flag_kept_elsewhere_is_switched_through_train():
+    model = _FlagElsewhere(nn.Linear(2, 2), nn.Dropout(0.5)).train()
+    with sampling_eval_mode(model):
+        assert _modes(model) == [False] * 3  # writing __dict__["training"] would leave it on
+    assert _modes(model) == [True] * 3
+
+
 def test_transformers_train_is_bypassed_only_without_hub_kernels():
     without = _TransformersLike(nn.Linear(2, 2), nn.Dropout(0.5)).train()
     without.use_kernels, without.kernel_switches = False, 0
