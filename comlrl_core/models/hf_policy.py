@@ -371,8 +371,11 @@ class TransformersPolicy(Policy):
         # one autocast region for the whole decode: trainable fp32 weights are cast to
         # bf16 once (autocast's cast cache), not once per token; on CPU the linear
         # weights are packed once for the GEMM library, not once per token
-        mixed = sliced_adapter_batches(self.model) if row_adapters is not None else contextlib.nullcontext()
-        walk = ModelWalk(self.model)  # one walk of the modules for the mode check and the packing
+        # one walk of the modules for the mode check, the packing and the LoRA layers' overrides
+        walk = ModelWalk(self.model)
+        mixed = (
+            sliced_adapter_batches(self.model, walk.modules) if row_adapters is not None else contextlib.nullcontext()
+        )
         packed = prepacked_linears(self.model, widest_call, cfg.max_new_tokens, walk)
         # LoRA layers add their update in place (no-grad passes)
         lean_lora = lean_lora_forwards(self.model, walk.modules) if self.is_lora else contextlib.nullcontext()

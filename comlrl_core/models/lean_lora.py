@@ -21,13 +21,14 @@ Public API::
     update_in_place_allowed(x, out_dtype, lora_a, lora_b, dropout) -> bool
     is_vanilla_lora_linear(module) -> whether a layer is a plain peft LoRA linear
     lean_lora_forwards(model, modules=None)  (context manager; yields the layers switched)
+    lora_layer_overrides(modules, attribute, make)  (context manager: per-layer instance overrides)
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -115,18 +116,27 @@ class _LeanLoraForward:
 
 
 @contextlib.contextmanager
+def lora_layer_overrides(modules: Iterable[nn.Module], attribute: str, make: Callable[[Any], Any]) -> Iterator[int]:
+    """Within the block, every vanilla peft LoRA linear layer among ``modules`` that has no
+    instance-level ``attribute`` of its own gets ``make(layer)`` as one (shadowing the
+    class's method); yields how many layers got one, and removes them on exit."""
+    patched: list[nn.Module] = []
+    try:
+        for module in modules:
+            if is_vanilla_lora_linear(module) and attribute not in module.__dict__:
+                module.__dict__[attribute] = make(module)
+                patched.append(module)
+        yield len(patched)
+    finally:
+        for module in patched:
+            del module.__dict__[attribute]
+
+
+@contextlib.contextmanager
 def lean_lora_forwards(model: nn.Module, modules: Iterable[nn.Module] | None = None) -> Iterator[int]:
     """Within the block, ``model``'s vanilla peft LoRA linear layers add their update in
     place on no-grad calls (see the module docstring). ``modules``: ``model.modules()``
     already listed by the caller. Yields how many layers were switched; their own
     forwards come back on exit."""
-    patched: list[nn.Module] = []
-    try:
-        for module in modules if modules is not None else model.modules():
-            if is_vanilla_lora_linear(module) and "forward" not in module.__dict__:
-                module.__dict__["forward"] = _LeanLoraForward(module)
-                patched.append(module)
-        yield len(patched)
-    finally:
-        for module in patched:
-            del module.__dict__["forward"]
+    with lora_layer_overrides(model.modules() if modules is None else modules, "forward", _LeanLoraForward) as count:
+        yield count

@@ -16,22 +16,25 @@ adapter variant (DoRA and the like) keep peft's own path.
 
 Public API::
 
-    with sliced_adapter_batches(model): model(..., adapter_names=[...])
+    with sliced_adapter_batches(model, modules=None): model(..., adapter_names=[...])
     adapter_runs(names) -> [(name, start, stop), ...] consecutive runs of equal names
-    is_vanilla_lora_linear(module) -> whether a layer is a plain peft LoRA linear
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from comlrl_core.models.lean_lora import add_lora_update, is_vanilla_lora_linear, update_in_place_allowed
+from comlrl_core.models.lean_lora import (
+    add_lora_update,
+    lora_layer_overrides,
+    update_in_place_allowed,
+)
 
-__all__ = ["adapter_runs", "is_vanilla_lora_linear", "sliced_adapter_batches"]
+__all__ = ["adapter_runs", "sliced_adapter_batches"]
 
 
 def _variant_kwargs() -> tuple[str, ...]:
@@ -90,22 +93,11 @@ class _SlicedMixedForward:
         return result
 
 
-def _sliceable(module: nn.Module) -> bool:
-    """A vanilla LoRA linear layer not already switched to row slices."""
-    return is_vanilla_lora_linear(module) and "_mixed_batch_forward" not in module.__dict__
-
-
 @contextlib.contextmanager
-def sliced_adapter_batches(model: nn.Module) -> Iterator[int]:
+def sliced_adapter_batches(model: nn.Module, modules: Iterable[nn.Module] | None = None) -> Iterator[int]:
     """Within the block, mixed-adapter forwards of ``model`` run each adapter on row
-    slices. Yields how many layers were switched; they are restored on exit."""
-    patched: list[nn.Module] = []
-    try:
-        for module in model.modules():
-            if _sliceable(module):
-                module.__dict__["_mixed_batch_forward"] = _SlicedMixedForward(module)
-                patched.append(module)
-        yield len(patched)
-    finally:
-        for module in patched:
-            del module.__dict__["_mixed_batch_forward"]
+    slices. ``modules``: ``model.modules()`` already listed by the caller. Yields how many
+    layers were switched; they are restored on exit."""
+    layers = model.modules() if modules is None else modules
+    with lora_layer_overrides(layers, "_mixed_batch_forward", _SlicedMixedForward) as count:
+        yield count

@@ -171,3 +171,30 @@ def test_per_row_adapter_slices_update_in_place_only_without_gradients(lora_team
     model.zero_grad(set_to_none=True)
     for p, flag in zip(adapters, trainable, strict=True):
         p.requires_grad_(flag)
+
+
+def test_a_joint_sampling_call_lists_the_models_modules_only_through_its_walk(lora_team, monkeypatch):
+    from comlrl_core.models.cpu import model_walk
+
+    model = lora_team[0].model
+    listed: list[str] = []
+    real_modules, real_tree = nn.Module.modules, model_walk.module_tree
+
+    def counted_modules(self):
+        if self is model:
+            listed.append("modules()")
+        return real_modules(self)
+
+    def counted_tree(root):
+        if root is model:
+            listed.append("walk")
+        return real_tree(root)
+
+    monkeypatch.setattr(nn.Module, "modules", counted_modules)
+    monkeypatch.setattr(model_walk, "module_tree", counted_tree)
+    cfg = GenerationConfig(max_new_tokens=3, temperature=0.0)
+    requests = [GenerationRequest(["def f():"], 1, cfg, seed=[0]), GenerationRequest(["def g():"], 1, cfg, seed=[1])]
+    generate_together(lora_team.policies, requests)
+    # one walk shared by the mode check, the packing, the in-place LoRA forwards and the
+    # per-row adapter slices (which listed model.modules() on their own before)
+    assert listed == ["walk"]
