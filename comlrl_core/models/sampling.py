@@ -24,6 +24,7 @@ Public API::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -34,6 +35,7 @@ import torch
 
 from comlrl_core.models.active_rows import ActiveRows
 from comlrl_core.models.kv_cache import repeat_cache_rows, reserve_cache
+from comlrl_core.models.last_position_mlp import last_position_mlp
 from comlrl_core.models.lean_decode import lean_decoder, probe_step, unsupported_reason
 from comlrl_core.models.prefill import chunked_prefill, returned_cache
 from comlrl_core.models.stop_watch import StopWatch
@@ -236,6 +238,10 @@ def sample_tokens(
     rows are done (:mod:`comlrl_core.models.active_rows`); the sampled tokens are the same.
     With one shared generator every row keeps drawing, so the stream stays the same.
 
+    The prompt passes run the last decoder layer's MLP on each row's last position only
+    (:mod:`comlrl_core.models.last_position_mlp`): this function reads nothing of them
+    but the cache and the last logits.
+
     ``lean_step`` runs the decoding steps of a supported model (Llama-family, plain or
     vanilla LoRA, preallocated cache) through :mod:`comlrl_core.models.lean_decode`: the
     same arithmetic without transformers' per-module overhead, checked against the model's
@@ -266,20 +272,21 @@ def sample_tokens(
     prefilled = None
     decoder = lean_decoder(model) if lean_step else None  # once per call: it walks the modules for hooks
     if prefill_token_budget is not None:
-        prefilled = chunked_prefill(
-            model,
-            input_ids,
-            mask,
-            positions,
-            budget=prefill_token_budget,
-            num_samples=num_samples,
-            extra_tokens=max_new_tokens - 1,
-            row_adapters=row_adapters,
-            forward_kwargs={cache_name: None, **keep_last},
-            cache_name=cache_name,
-            count=FORWARD_COUNTER.add,
-            share_prefix=share_prefix,
-        )
+        with last_position_mlp(model):  # the prompt passes: only the cache and the last logits are read
+            prefilled = chunked_prefill(
+                model,
+                input_ids,
+                mask,
+                positions,
+                budget=prefill_token_budget,
+                num_samples=num_samples,
+                extra_tokens=max_new_tokens - 1,
+                row_adapters=row_adapters,
+                forward_kwargs={cache_name: None, **keep_last},
+                cache_name=cache_name,
+                count=FORWARD_COUNTER.add,
+                share_prefix=share_prefix,
+            )
     call_decoder = decoder  # the probe may drop ``decoder``; its call still ends below
     if call_decoder is not None:
         call_decoder.start_call()  # per-call state (stacked adapters) lives until the call ends
@@ -307,21 +314,23 @@ def sample_tokens(
                         if unsupported_reason(model) is not None:  # the probe switched it off
                             decoder = None
                 if logits is None:
-                    cache, logits = _forward_step(model, step_inputs, cache_name, cache)
+                    with last_position_mlp(model) if step == 0 else contextlib.nullcontext():  # step 0: the prompt
+                        cache, logits = _forward_step(model, step_inputs, cache_name, cache)
                 FORWARD_COUNTER.add(step_ids.shape[0])
             if step == 0 and num_samples > 1 and prefilled is None:
                 # the prompt prefill (the long pass) ran once per prompt; fan out to samples
                 mask, step_positions, adapters = _fan_out(mask, step_positions, adapters, num_samples)
                 cache = repeat_cache_rows(cache, num_samples)
                 if cache is None:  # unknown cache layout: prefill the repeated prompts instead
-                    outputs = model(
-                        input_ids=step_ids.repeat_interleave(num_samples, dim=0),
-                        attention_mask=mask,
-                        position_ids=step_positions,
-                        use_cache=True,
-                        **keep_last,
-                        **adapters,
-                    )
+                    with last_position_mlp(model):
+                        outputs = model(
+                            input_ids=step_ids.repeat_interleave(num_samples, dim=0),
+                            attention_mask=mask,
+                            position_ids=step_positions,
+                            use_cache=True,
+                            **keep_last,
+                            **adapters,
+                        )
                     FORWARD_COUNTER.add(batch)
                     cache = returned_cache(outputs)
                     logits = outputs.logits[:, -1, :].float()

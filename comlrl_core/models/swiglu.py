@@ -65,6 +65,13 @@ def _is_swiglu(module: nn.Module) -> bool:
     )
 
 
+def has_lean_swiglu(module: nn.Module) -> bool:
+    """Whether ``module``'s instance-level ``forward`` is the one :func:`use_lean_swiglu`
+    installed (the stock arithmetic position by position, nobody else's wrapper)."""
+    forward = module.__dict__.get("forward")
+    return isinstance(forward, types.MethodType) and forward.__func__ is _lean_forward and forward.__self__ is module
+
+
 def use_lean_swiglu(model: nn.Module) -> int:
     """Switch every SwiGLU MLP of ``model`` to :class:`SiluMul`; returns how many (again
     on the same model: 0)."""

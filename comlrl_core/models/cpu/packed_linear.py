@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 from typing import Iterator, NamedTuple, TypeGuard
 
 import torch
@@ -92,6 +93,23 @@ FUSE_SIBLINGS = True
 
 # formats whose packing failed on a real model in this process (probes passed, a layer did not)
 _broken: set[str] = set()
+
+# per thread: how many prompt_pass() blocks are open
+_prompt_passes = threading.local()
+
+
+@contextlib.contextmanager
+def prompt_pass() -> Iterator[None]:
+    """Within the block, every pass through a packed layer counts as a prefill, whatever
+    its shape: a prompt pass that feeds part of the model one position per row (the last
+    layer's MLP on the last position, :mod:`comlrl_core.models.last_position_mlp`) packs
+    nothing; the packing stays a cost of the first decoding step."""
+    depth = getattr(_prompt_passes, "depth", 0)
+    _prompt_passes.depth = depth + 1
+    try:
+        yield
+    finally:
+        _prompt_passes.depth = depth
 
 
 class _PackedForward:
@@ -161,7 +179,9 @@ class _PackedForward:
             # a decoding pass feeds one position per row; a pass of several (a prefill chunk,
             # a shared prompt beginning however short) is a prefill
             positions = x.shape[-2] if x.dim() >= 3 else 1
-            prefill = positions > 1 or rows > max(self.rows, _ONEDNN_PACK_MAX_ROWS)
+            prefill = (
+                positions > 1 or rows > max(self.rows, _ONEDNN_PACK_MAX_ROWS) or getattr(_prompt_passes, "depth", 0) > 0
+            )
             if self.siblings is not None:
                 fused, index = self.siblings
                 if prefill and not fused.released:

@@ -291,3 +291,24 @@ def test_a_call_walks_the_models_modules_once(lora_team, monkeypatch):
     # ask), and no other module's (only plain linear layers pack)
     linears = {id(m) for m in model.modules() if type(m) is torch.nn.Linear}
     assert len(checked) == len(linears) and {id(m) for m in checked} == linears
+
+
+@needs_onednn
+def test_one_position_passes_inside_a_prompt_pass_pack_nothing(monkeypatch):
+    """A prompt pass may feed part of the model one position per row (the last layer's MLP
+    on the last position): inside ``prompt_pass()`` that runs plain and packs nothing; the
+    same pass outside it is a decoding pass and packs; nested blocks unwind."""
+    monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
+    policy = _policy()
+    packs: list[tuple[int, ...]] = []
+    real_pack = fp32_layout.onednn_pack
+    monkeypatch.setattr(fp32_layout, "onednn_pack", lambda w, rows: packs.append(tuple(w.shape)) or real_pack(w, rows))
+    mlp = policy.model.model.layers[-1].mlp
+    x = torch.randn(2, 1, policy.model.config.hidden_size)
+    with torch.no_grad(), packed_linear.prepacked_linears(policy.model, rows=2, new_tokens=64) as active:
+        assert active
+        with packed_linear.prompt_pass(), packed_linear.prompt_pass():
+            plain = mlp(x)
+        assert packs == []
+        assert torch.allclose(mlp(x), plain, atol=1e-5)  # a decoding pass: packed now, same values
+    assert len(packs) >= 1 and getattr(packed_linear._prompt_passes, "depth", 0) == 0
