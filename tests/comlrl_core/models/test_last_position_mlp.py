@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from comlrl_core.models import last_position_mlp as tail
-from comlrl_core.models import sampling
+from comlrl_core.models import prefill, sampling
 from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.last_position_mlp import last_layer_mlp, last_position_mlp
 from comlrl_core.models.swiglu import has_lean_swiglu, use_lean_swiglu
@@ -214,3 +216,63 @@ def test_a_policy_s_prompt_pass_runs_the_last_mlp_on_one_position():
         patch.setattr(tail, "last_layer_mlp", lambda model: None)
         policy.generate(["def add(a, b):"], 2, GenerationConfig(max_new_tokens=3), seed=0)
     assert max(seen) > 1  # without it the prompt pass runs the MLP on every position
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 14), min_size=1, max_size=4),
+    shared=st.integers(0, 20),
+    budget=st.sampled_from([None, 8, 24]),
+    num_samples=st.integers(1, 2),
+)
+def test_any_prompt_batch_prefills_the_same_cache_and_last_logits(lengths, shared, budget, num_samples):
+    """Whatever the rows' lengths, padding, chunking and shared beginning: the chunked
+    prefill inside the block writes the same cache and the same last logits as without."""
+    model = _prefill_model()
+    gen = torch.Generator().manual_seed(sum(lengths) * 31 + shared)
+    beginning = torch.randint(1, 97, (shared,), generator=gen).tolist()
+    prompts = [beginning + torch.randint(1, 97, (n,), generator=gen).tolist() for n in lengths]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache_name = sampling.cache_kwarg_name(model)
+
+    def prefilled():
+        return prefill.chunked_prefill(
+            model,
+            ids,
+            mask,
+            positions,
+            budget=budget or 10_000,
+            num_samples=num_samples,
+            extra_tokens=3,
+            row_adapters=None,
+            forward_kwargs={cache_name: None, "logits_to_keep": 1},
+            cache_name=cache_name,
+        )
+
+    with torch.no_grad():
+        plain = prefilled()
+        with last_position_mlp(model) as switched:
+            cut = prefilled()
+    assert switched and plain is not None and cut is not None
+    assert torch.allclose(cut[1], plain[1], atol=1e-5, rtol=1e-5)  # last logits
+    assert torch.equal(cut[2], plain[2])  # the cache's mask
+    for a, b in zip(plain[0].layers, cut[0].layers, strict=True):
+        assert torch.allclose(a.keys, b.keys, atol=1e-6) and torch.allclose(a.values, b.values, atol=1e-6)
+
+
+_PREFILL_MODEL: list[nn.Module] = []
+
+
+def _prefill_model() -> nn.Module:
+    """One tiny Llama for every example (built once: hypothesis calls the test many times)."""
+    if not _PREFILL_MODEL:
+        model = _model("LlamaConfig")
+        use_lean_swiglu(model)
+        _PREFILL_MODEL.append(model)
+    return _PREFILL_MODEL[0]
