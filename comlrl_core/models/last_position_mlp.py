@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from comlrl_core.models.cpu.packed_linear import prompt_pass
+from comlrl_core.models.lora import transformers_model
 from comlrl_core.models.swiglu import has_lean_swiglu
 
 # decoder layers that compute ``residual + mlp(post_attention_layernorm(h))`` with the keys
@@ -62,8 +63,7 @@ class _LastPositionForward:
 def last_layer_mlp(model: nn.Module) -> nn.Module | None:
     """The MLP of ``model``'s last decoder layer when :func:`last_position_mlp` can switch it
     (a supported layer, no hidden states asked for, no hooks or wrapper on it), else None."""
-    get_base_model = getattr(model, "get_base_model", None)  # peft: the transformers model
-    base = get_base_model() if callable(get_base_model) else model
+    base = transformers_model(model)
     config = getattr(base, "config", None)
     if config is None or getattr(config, "output_hidden_states", False):
         return None

@@ -66,6 +66,7 @@ from comlrl_core.models.lean_ops import (
     rms_norm,
 )
 from comlrl_core.models.lean_packed import PackedLayer, packed_layer, packed_layer_step
+from comlrl_core.models.lora import transformers_model
 from comlrl_core.models.mixed_adapters import adapter_runs
 
 logger = logging.getLogger(__name__)
@@ -92,8 +93,7 @@ def _unsupported_linear(module: Any) -> str | None:
 
 def _check_model(model: nn.Module) -> tuple[Any, str | None]:
     """(the transformers model, None) when supported, else (..., why not)."""
-    get_base = getattr(model, "get_base_model", None)
-    base: Any = get_base() if get_base is not None else model  # a transformers model: attributes checked below
+    base = transformers_model(model)  # a transformers model: attributes checked below
     if type(base).__name__ != "LlamaForCausalLM":
         return base, f"{type(base).__name__} is not LlamaForCausalLM"
     config = base.config

@@ -2,6 +2,7 @@
 
 Public API::
 
+    transformers_model(model) -> the transformers model under a peft wrapper (or ``model``)
     find_lora_target_modules(model) -> list[str]
         Names (last path component) of every Linear layer inside the decoder blocks;
         ``lm_head`` and embeddings are never included.
@@ -40,6 +41,13 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def transformers_model(model: nn.Module) -> Any:
+    """The transformers model under a peft wrapper (its ``get_base_model()``), else
+    ``model`` itself. Typed loosely: callers read transformers' attributes off it."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
 
 
 def _decoder_blocks(model: nn.Module) -> nn.ModuleList | None:

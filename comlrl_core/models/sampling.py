@@ -37,6 +37,7 @@ from comlrl_core.models.active_rows import ActiveRows
 from comlrl_core.models.kv_cache import repeat_cache_rows, reserve_cache
 from comlrl_core.models.last_position_mlp import last_position_mlp
 from comlrl_core.models.lean_decode import lean_decoder, probe_step, unsupported_reason
+from comlrl_core.models.lora import transformers_model
 from comlrl_core.models.prefill import chunked_prefill, returned_cache
 from comlrl_core.models.stop_watch import StopWatch
 from comlrl_core.models.tokens import plan_chunks
@@ -155,9 +156,7 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | Sequence[torch.Gener
 
 def _forward_params(model: torch.nn.Module) -> set[str]:
     """Keyword names the underlying transformers model's forward accepts."""
-    get_base_model = getattr(model, "get_base_model", None)  # a PEFT wrapper's
-    inner = get_base_model() if get_base_model is not None else model
-    return set(inspect.signature(inner.forward).parameters)
+    return set(inspect.signature(transformers_model(model).forward).parameters)
 
 
 def cache_kwarg_name(model: torch.nn.Module) -> str:
