@@ -3,6 +3,8 @@ cache and the last logits (comlrl_core/models/last_position_mlp.py)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import transformers
@@ -25,6 +27,7 @@ _SMALL = dict(
     num_hidden_layers=3,
     num_attention_heads=4,
     num_key_value_heads=2,
+    head_dim=8,  # hidden / heads, spelled out: Qwen3's default is 128
     max_position_embeddings=128,
 )
 
@@ -32,9 +35,6 @@ _SMALL = dict(
 def _model(config_name: str, **overrides) -> nn.Module:
     torch.manual_seed(0)
     config = getattr(transformers, config_name)(**{**_SMALL, **overrides})
-    extra = {"head_dim": 8} if config_name == "Qwen3Config" else {}
-    for key, value in extra.items():
-        setattr(config, key, value)
     model = transformers.AutoModelForCausalLM.from_config(config)
     for p in model.parameters():  # peakier than the default init: differences show
         nn.init.normal_(p, std=0.2)
@@ -266,13 +266,9 @@ def test_any_prompt_batch_prefills_the_same_cache_and_last_logits(lengths, share
         assert torch.allclose(a.keys, b.keys, atol=1e-6) and torch.allclose(a.values, b.values, atol=1e-6)
 
 
-_PREFILL_MODEL: list[nn.Module] = []
-
-
+@functools.cache
 def _prefill_model() -> nn.Module:
     """One tiny Llama for every example (built once: hypothesis calls the test many times)."""
-    if not _PREFILL_MODEL:
-        model = _model("LlamaConfig")
-        use_lean_swiglu(model)
-        _PREFILL_MODEL.append(model)
-    return _PREFILL_MODEL[0]
+    model = _model("LlamaConfig")
+    use_lean_swiglu(model)
+    return model
