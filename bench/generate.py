@@ -579,11 +579,14 @@ def target_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def layout_lines() -> list[str]:
-    """How our sampler's fp32 weight layout was chosen in this process: the environment's
-    setting where one is given, and what was measured (the default measures)."""
-    from comlrl_core.models.cpu import fp32_layout
+    """How our sampler's fp32 weight layout was chosen in this process (the environment's
+    setting where one is given, and what was measured: the default measures), and whether
+    its decoding attention ran in the compiled kernel."""
+    from comlrl_core.models.cpu import decode_attention, fp32_layout
 
-    return ["our fp32 " + line for line in fp32_layout.decision_lines()]
+    kernel = decode_attention.kernel_status()
+    kernel_line = "our decoding attention kernel: " + (kernel if kernel == "on" else f"off ({kernel})")
+    return [*("our fp32 " + line for line in fp32_layout.decision_lines()), kernel_line]
 
 
 def cpu_model() -> str:

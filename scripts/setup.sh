@@ -41,6 +41,16 @@ if ! "$VENV/bin/python" -m comlrl_core.models.cpu.allocator --library tcmalloc >
   apt_tcmalloc || { $SUDO apt-get update -qq >/dev/null 2>&1 && apt_tcmalloc; } \
     || echo "[setup] could not install tcmalloc: the main job will use glibc's malloc"
 fi
+# A C compiler for the decoding attention kernel (comlrl_core/models/cpu/decode_attention.py,
+# docs/performance.md). Optional: without one, decoding keeps torch's batched products.
+if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; fi
+  echo "[setup] installing a C compiler (apt: gcc)"
+  apt_gcc() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null 2>&1; }
+  apt_gcc || { $SUDO apt-get update -qq >/dev/null 2>&1 && apt_gcc; } \
+    || echo "[setup] could not install gcc: decoding will use torch's batched attention products"
+fi
 if [ "${COMLRL_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/setup_docker.sh
 fi

@@ -18,6 +18,7 @@ from comlrl_core._moved import _MovedModuleFinder
 from comlrl_core.episodes.evaluation import TaskResult
 from comlrl_core.episodes.intervals import DiffInterval
 from comlrl_core.models.cpu.allocator import preload_env
+from comlrl_core.models.cpu.decode_attention import kernel_status
 from comlrl_core.models.cpu.fp32_layout import measured
 from comlrl_core.models.model_source import known_aliases
 from comlrl_core.models.team import Team
@@ -108,3 +109,6 @@ preload_env
 # Public: the fp32 layout measurements of this process (bench/generate.py prints them; bench/
 # is not scanned).
 measured
+# Public: whether the decoding attention kernel runs in this process, else why not
+# (bench/generate.py prints it; bench/ is not scanned).
+kernel_status

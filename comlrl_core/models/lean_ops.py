@@ -5,7 +5,7 @@ that both of its routes use: through the layers' modules, and straight from pack
 Public API::
 
     StepShared(cos, signed_sin, half, bias, kv_heads, length)  (what every layer of a step reads)
-    attend(attn, q, k, v, cache_layer, shared) -> [B, H * D]
+    attend(attn, q, k, v, cache_layer, shared) -> [B, H * D]  (cpu.decode_attention's kernel where it runs)
     rms_norm(x, norm) -> x normalised as LlamaRMSNorm does
     StepRuns(runs).mask(layout, x) / .covers(layout)  (rows per adapter in one step)
     AdapterStack(down, up, layout)  (LoRA adapters side by side: two products for all of them)
@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 from torch import nn
 
+from comlrl_core.models.cpu.decode_attention import decode_attention
 from comlrl_core.models.cpu.sibling_linears import base_linear
 
 
@@ -47,6 +48,9 @@ def attend(
     grouped = q.reshape(batch * shared.kv_heads, -1, head_dim)
     keys = keys.reshape(batch * shared.kv_heads, length, head_dim)  # views of the cache buffer
     values = values.reshape(batch * shared.kv_heads, length, head_dim)
+    mixed = decode_attention(grouped, keys, values, shared.bias, attn.scaling)  # compiled loops, where they run
+    if mixed is not None:
+        return mixed.view(batch, -1)
     scores = torch.baddbmm(shared.bias, grouped, keys.transpose(1, 2), alpha=attn.scaling)
     weights = scores.softmax(dim=-1, dtype=torch.float32)
     if weights.dtype != q.dtype:

@@ -1,0 +1,292 @@
+"""A decoding step's grouped-query attention on the CPU, in a small compiled kernel.
+
+A decoding step's attention reads every cached key and value once: at batch 16 with
+~330 cached tokens that is ~8 MB a layer of SmolLM2-135M, from main memory (the step's
+weight stream has long evicted it). The batched GEMMs of ``baddbmm`` + ``softmax`` +
+``bmm`` (MKL) run there at about half the rate a plain read of the same bytes gets: each
+of their 3 x L products per key/value head is too small for the library. Two loops
+over the cache do better (a 2-core AMD EPYC, Zen 4, 30 layers of a 16-row cache of 330
+tokens, cold, in one run: scores 439-445 -> 267-296 us, weights x values 457-478 -> 238-248
+us a layer; a batch-16 SmolLM2-135M step 69.1 -> 59.2 ms; docs/performance.md):
+
+- scores: ``bias + (scale * q) . k`` per token, the keys read row by row from their
+  token-contiguous storage (``kv_cache``);
+- mix: ``sum_t w[t] * v[t]``, the values read token by token, the sums kept in a block
+  per key/value head.
+
+The softmax between them stays torch's. The kernel is C, compiled on first use with the
+machine's C compiler for this CPU (``-O3 -march=native -fopenmp``) into
+``$COMLRL_CACHE/kernels`` (default ``~/.cache/comlrl``), and keyed by the source, the
+compiler, the flags and the CPU's feature flags, so a shared home directory never loads
+code built for another CPU. It runs on torch's own OpenMP runtime (same ``libgomp``, same
+thread count), so it adds no thread pool of its own.
+
+It is used only where everything holds: Linux, a C compiler (``$CC``, else ``cc`` or
+``gcc``), torch running on GNU OpenMP, fp32 CPU tensors without gradients, keys stored
+token-contiguous and values row-contiguous, at most 16 query heads per key/value head
+and a head size of at most 256. Otherwise, or with ``COMLRL_DECODE_ATTENTION=off``, the
+caller runs its torch ops (:func:`comlrl_core.models.lean_ops.attend`). The library is
+probed once per process against torch's ops on a masked case; where it fails to build,
+load or agree, the process keeps torch's ops and logs one WARNING saying why. The sums
+run in another order than MKL's, so results agree to rounding, not bit for bit.
+
+Public API::
+
+    decode_attention(q [BH, G, D], keys [BH, L, D], values [BH, L, D], bias [BH, 1, L], scale) -> [BH, G, D] | None
+    kernel_status() -> str  ("on", or why it is off)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "COMLRL_DECODE_ATTENTION"  # "off" keeps torch's ops
+MAX_GROUPS = 16  # query heads per key/value head (the mix kernel's block of sums)
+MAX_HEAD_DIM = 256
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+_COMPILE_TIMEOUT_S = 120
+
+_SOURCE = r"""
+#include <string.h>
+
+/* scores[bh][g][t] = bias[bh][t] + sum_d (scale * q[bh][g][d]) * k[bh][d][t]
+   (keys token-contiguous: element (t, d) of head bh at k + bh * k_bh + d * k_d + t) */
+void comlrl_gqa_scores(int bh_count, int groups, int dim, int length, int threads,
+                       const float *restrict q, const float *restrict k, long k_bh, long k_d,
+                       const float *restrict bias, long bias_bh, float scale, float *restrict out) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bh = 0; bh < bh_count; ++bh) {
+        const float *restrict kb = k + bh * k_bh;
+        const float *restrict qb = q + (long)bh * groups * dim;
+        float *restrict ob = out + (long)bh * groups * length;
+        for (int g = 0; g < groups; ++g) memcpy(ob + (long)g * length, bias + bh * bias_bh, sizeof(float) * length);
+        for (int d = 0; d < dim; ++d) {
+            const float *restrict row = kb + d * k_d;
+            for (int g = 0; g < groups; ++g) {
+                const float w = scale * qb[g * dim + d];
+                float *restrict o = ob + (long)g * length;
+                for (int t = 0; t < length; ++t) o[t] += w * row[t];
+            }
+        }
+    }
+}
+
+/* out[bh][g][:] = sum_t w[bh][g][t] * v[bh][t][:]  (groups <= 16, dim <= 256) */
+void comlrl_gqa_mix(int bh_count, int groups, int dim, int length, int threads,
+                    const float *restrict w, const float *restrict v, long v_bh, long v_t, float *restrict out) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bh = 0; bh < bh_count; ++bh) {
+        float sums[16][256];
+        const float *restrict vb = v + bh * v_bh;
+        const float *restrict wb = w + (long)bh * groups * length;
+        for (int g = 0; g < groups; ++g) memset(sums[g], 0, sizeof(float) * dim);
+        for (int t = 0; t < length; ++t) {
+            const float *restrict row = vb + t * v_t;
+            for (int g = 0; g < groups; ++g) {
+                const float a = wb[(long)g * length + t];
+                for (int d = 0; d < dim; ++d) sums[g][d] += a * row[d];
+            }
+        }
+        float *restrict ob = out + (long)bh * groups * dim;
+        for (int g = 0; g < groups; ++g) memcpy(ob + (long)g * dim, sums[g], sizeof(float) * dim);
+    }
+}
+"""
+
+_VOID_P, _INT, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+
+
+class _Kernel:
+    """The loaded library's two entry points, typed."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library  # kept: the functions live as long as it does
+        self.scores = library.comlrl_gqa_scores
+        self.scores.argtypes = [_INT] * 5 + [_VOID_P, _VOID_P, _LONG, _LONG, _VOID_P, _LONG, _FLOAT, _VOID_P]
+        self.scores.restype = None
+        self.mix = library.comlrl_gqa_mix
+        self.mix.argtypes = [_INT] * 5 + [_VOID_P, _VOID_P, _LONG, _LONG, _VOID_P]
+        self.mix.restype = None
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _openmp_libraries() -> set[str]:
+    """The OpenMP runtimes mapped into this process (by file)."""
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        return {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line or "libomp" in line}
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            return next((line for line in info if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def _library_path(compiler: str) -> str:
+    """Where this source, compiled by ``compiler`` with our flags for this CPU, is kept."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = "\n".join([_SOURCE, compiler, version.splitlines()[0] if version else "", " ".join(_FLAGS)])
+    key += "\n" + platform.machine() + "\n" + _cpu_flags()
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = os.environ.get("COMLRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "comlrl")
+    return os.path.join(root, "kernels", f"decode_attention-{digest}.so")
+
+
+def _build(compiler: str, target: str) -> None:
+    """Compile the source to ``target`` (atomically: a half-written library never loads)."""
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        source = os.path.join(scratch, "decode_attention.c")
+        with open(source, "w", encoding="utf-8") as handle:
+            handle.write(_SOURCE)
+        built = os.path.join(scratch, "decode_attention.so")
+        result = subprocess.run(
+            [compiler, *_FLAGS, "-o", built, source], capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{os.path.basename(compiler)} failed: {result.stderr.strip()[-400:]}")
+        os.replace(built, target)
+
+
+def _reference(q, keys, values, bias, scale):
+    scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)
+    return torch.bmm(scores.softmax(dim=-1), values)
+
+
+def _probe(kernel: _Kernel) -> str | None:
+    """None when the kernel agrees with torch's ops on a masked case laid out like the cache."""
+    generator = torch.Generator().manual_seed(0)
+    heads, groups, dim, length, room = 6, 3, 16, 37, 41
+    q = torch.randn(heads, groups, dim, generator=generator)
+    keys = torch.randn(heads, dim, room, generator=generator).transpose(1, 2)[:, :length]  # token-contiguous
+    values = torch.randn(heads, room, dim, generator=generator)[:, :length]
+    bias = torch.zeros(heads, 1, length)
+    bias[::2, :, :5] = float("-inf")  # left padding in every other row
+    got = _run(kernel, q, keys, values, bias, 0.25)
+    want = _reference(q, keys, values, bias, 0.25)
+    if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        return f"its results differ from torch's by up to {(got - want).abs().max().item():.3g}"
+    return None
+
+
+@functools.cache
+def _kernel() -> _Kernel | str:
+    """The loaded, probed kernel, or why there is none (once per process)."""
+    if os.environ.get(ENV_VAR, "").strip().lower() in ("off", "0", "false", "no"):
+        return _skipped(f"{ENV_VAR} is off")
+    if not sys.platform.startswith("linux"):
+        return _skipped("not on Linux")
+    compiler = _compiler()
+    if compiler is None:
+        return _skipped("no C compiler ($CC, cc or gcc)")
+    runtimes = _openmp_libraries()
+    if len(runtimes) != 1 or "libgomp" not in next(iter(runtimes)):
+        return _skipped(f"torch does not run on one GNU OpenMP runtime here ({sorted(runtimes) or 'none found'})")
+    try:
+        path = _library_path(compiler)
+        if not os.path.exists(path):
+            _build(compiler, path)
+        kernel = _Kernel(ctypes.CDLL(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+        return _off(f"it could not be built or loaded: {exc}")
+    if _openmp_libraries() != runtimes:  # it brought a second runtime: two thread pools
+        return _off(f"it loads another OpenMP runtime than torch's ({sorted(_openmp_libraries() - runtimes)})")
+    problem = _probe(kernel)
+    if problem is not None:
+        return _off(problem)
+    logger.info("decoding attention kernel on (%s)", path)
+    return kernel
+
+
+def _skipped(reason: str) -> str:
+    """A machine or a setting without the kernel: expected, so not a warning."""
+    logger.debug("the decoding attention kernel is off: %s", reason)
+    return reason
+
+
+def _off(reason: str) -> str:
+    """The kernel should have run here and did not: one warning."""
+    logger.warning("the decoding attention kernel is off, decoding keeps torch's batched products: %s", reason)
+    return reason
+
+
+def kernel_status() -> str:
+    """``"on"`` when :func:`decode_attention` can run its kernel, else why not."""
+    found = _kernel()
+    return "on" if isinstance(found, _Kernel) else found
+
+
+def _run(kernel: _Kernel, q, keys, values, bias, scale: float) -> torch.Tensor:
+    heads, groups, dim = q.shape
+    length = keys.shape[1]
+    threads = torch.get_num_threads()
+    scores = torch.empty(heads, groups, length)
+    kernel.scores(
+        heads, groups, dim, length, threads,
+        q.data_ptr(), keys.data_ptr(), keys.stride(0), keys.stride(2),
+        bias.data_ptr(), bias.stride(0), scale, scores.data_ptr(),
+    )  # fmt: skip
+    weights = scores.softmax(dim=-1)
+    out = torch.empty(heads, groups, dim)
+    kernel.mix(
+        heads, groups, dim, length, threads,
+        weights.data_ptr(), values.data_ptr(), values.stride(0), values.stride(1), out.data_ptr(),
+    )  # fmt: skip
+    return out
+
+
+def _fits(q, keys, values, bias) -> bool:
+    tensors = (q, keys, values, bias)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 3 for t in tensors):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    heads, groups, dim = q.shape
+    length = keys.shape[1]
+    if not (0 < groups <= MAX_GROUPS and 0 < dim <= MAX_HEAD_DIM and length > 0):
+        return False
+    if keys.shape != (heads, length, dim) or values.shape != (heads, length, dim) or bias.shape != (heads, 1, length):
+        return False
+    return (
+        q.is_contiguous()
+        and keys.stride(1) == 1  # token-contiguous keys
+        and values.stride(2) == 1
+        and bias.stride(2) == 1
+        and min(keys.stride(0), keys.stride(2), values.stride(0), values.stride(1)) >= 0
+    )
+
+
+def decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor | None:
+    """``softmax(bias + scale * q @ keys^T) @ values`` for ``q [BH, G, D]`` over ``keys`` and
+    ``values [BH, L, D]`` with an additive ``bias [BH, 1, L]``: ``[BH, G, D]``; None where
+    the kernel is off or the tensors do not fit it (the caller runs torch's ops)."""
+    if not _fits(q, keys, values, bias):
+        return None
+    kernel = _kernel()
+    if not isinstance(kernel, _Kernel):
+        return None
+    return _run(kernel, q, keys, values, bias, float(scale))
