@@ -581,12 +581,16 @@ def target_lines(rows: Sequence[Row]) -> list[str]:
 def layout_lines() -> list[str]:
     """How our sampler's fp32 weight layout was chosen in this process (the environment's
     setting where one is given, and what was measured: the default measures), and whether
-    its decoding attention ran in the compiled kernel."""
-    from comlrl_core.models.cpu import decode_attention, fp32_layout
+    its decoding attention and its 1-3-row products ran in the compiled kernels."""
+    from comlrl_core.models.cpu import decode_attention, fp32_layout, row_products
 
-    kernel = decode_attention.kernel_status()
-    kernel_line = "our decoding attention kernel: " + (kernel if kernel == "on" else f"off ({kernel})")
-    return [*("our fp32 " + line for line in fp32_layout.decision_lines()), kernel_line]
+    kernels = []
+    for name, status in (
+        ("decoding attention kernel", decode_attention.kernel_status()),
+        (f"few-row product kernel (1-{row_products.MAX_ROWS} rows)", row_products.kernel_status()),
+    ):
+        kernels.append(f"our {name}: " + (status if status == "on" else f"off ({status})"))
+    return [*("our fp32 " + line for line in fp32_layout.decision_lines()), *kernels]
 
 
 def cpu_model() -> str:

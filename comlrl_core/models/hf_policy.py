@@ -38,11 +38,13 @@ from torch import nn
 
 from comlrl_core.models.agent_spec import AgentSpec
 from comlrl_core.models.completion_post import CompletionStats, cut_at_stop
+from comlrl_core.models.cpu import row_products
 from comlrl_core.models.cpu.gqa_attention import use_cpu_gqa_attention
 from comlrl_core.models.cpu.memory_stats import end_of_phase
 from comlrl_core.models.cpu.model_walk import ModelWalk
 from comlrl_core.models.cpu.packed_linear import prepacked_linears
 from comlrl_core.models.eval_mode import sampling_eval_mode, without_idle_hub_kernels
+from comlrl_core.models.lean_decode import lean_decoder
 from comlrl_core.models.lean_lora import lean_lora_forwards
 from comlrl_core.models.lora import (
     SharedLoraBase,
@@ -376,7 +378,10 @@ class TransformersPolicy(Policy):
         mixed = (
             sliced_adapter_batches(self.model, walk.modules) if row_adapters is not None else contextlib.nullcontext()
         )
-        packed = prepacked_linears(self.model, widest_call, cfg.max_new_tokens, walk)
+        # a few-row call's lean decoding step reads the plain weights through the few-row
+        # kernel (cpu/row_products.py): nothing to pack for it
+        few_row_kernel = widest_call <= row_products.MAX_ROWS and lean_decoder(self.model) is not None
+        packed = prepacked_linears(self.model, widest_call, cfg.max_new_tokens, walk, few_row_kernel)
         # LoRA layers add their update in place (no-grad passes)
         lean_lora = lean_lora_forwards(self.model, walk.modules) if self.is_lora else contextlib.nullcontext()
         # no dropout while sampling; the model's mode switched only where a flag changes

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from comlrl_core.models.cpu.model_walk import module_tree
+from comlrl_core.models.cpu.row_products import MAX_ROWS, row_product
 from comlrl_core.models.lean_lora import is_vanilla_lora_linear
 from comlrl_core.models.lean_ops import (
     AdapterStack,
@@ -65,7 +66,7 @@ from comlrl_core.models.lean_ops import (
     dropout_active,
     rms_norm,
 )
-from comlrl_core.models.lean_packed import PackedLayer, packed_layer, packed_layer_step
+from comlrl_core.models.lean_packed import PackedLayer, packed_layer, packed_layer_step, row_layer
 from comlrl_core.models.lora import transformers_model
 from comlrl_core.models.mixed_adapters import adapter_runs
 
@@ -133,8 +134,9 @@ class LeanDecoder:
         self._in_call = False
         self._call_adapters: tuple[str, ...] | None = None
         self._stacks: dict[int, AdapterStack | None] = {}
-        # per sampling call: the layers found packed (oneDNN) so far, by index; the packing
-        # lasts until the call ends, and rows only leave a call
+        # per sampling call: the layers found packed (oneDNN) so far, or on their plain
+        # weights through the few-row kernel, by index; the packing lasts until the call
+        # ends, and rows only leave a call (a few-row layer stays few-row)
         self._packed_layers: dict[int, PackedLayer] = {}
 
     # ------------------------------------------------------------------ sampling calls
@@ -250,7 +252,11 @@ class LeanDecoder:
         call_adapters = self._call_adapters if runs is not None else None
         found = self._packed_layers
         for index, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers, strict=True)):
-            packed = (found.get(index) or packed_layer(layer, batch, call_adapters, self._in_call)) if direct else None
+            packed = None
+            if direct:
+                packed = found.get(index) or packed_layer(layer, batch, call_adapters, self._in_call)
+                if packed is None and batch <= MAX_ROWS:
+                    packed = row_layer(layer, batch, call_adapters, self._in_call)
             if packed is not None:
                 if self._in_call:
                     found[index] = packed
@@ -274,7 +280,11 @@ class LeanDecoder:
         hidden = rms_norm(hidden, inner.norm)
         head = self.head
         if type(head) is nn.Linear:
-            logits = head(hidden)  # the module: a packed forward may be installed on it
+            logits = None
+            if direct and batch <= MAX_ROWS and "forward" not in head.__dict__:
+                logits = row_product(hidden, head.weight, head.bias)  # None: the kernel is off
+            if logits is None:
+                logits = head(hidden)  # the module: a packed forward may be installed on it
         else:
             logits = self._linear(head, hidden, runs)
         return logits.float()

@@ -14,12 +14,10 @@ us a layer; a batch-16 SmolLM2-135M step 69.1 -> 59.2 ms; docs/performance.md):
 - mix: ``sum_t w[t] * v[t]``, the values read token by token, the sums kept in a block
   per key/value head.
 
-The softmax between them stays torch's. The kernel is C, compiled on first use with the
-machine's C compiler for this CPU (``-O3 -march=native -fopenmp``) into
-``$COMLRL_CACHE/kernels`` (default ``~/.cache/comlrl``), and keyed by the source, the
-compiler, the flags and the CPU's feature flags, so a shared home directory never loads
-code built for another CPU. It runs on torch's own OpenMP runtime (same ``libgomp``, same
-thread count), so it adds no thread pool of its own.
+The softmax between them stays torch's. The kernel is C, compiled on first use for this
+CPU and cached per machine (:mod:`~comlrl_core.models.cpu.c_library`). It runs on torch's
+own OpenMP runtime (same ``libgomp``, same thread count), so it adds no thread pool of
+its own.
 
 It is used only where everything holds: Linux, a C compiler (``$CC``, else ``cc`` or
 ``gcc``), torch running on GNU OpenMP, fp32 CPU tensors without gradients, keys stored
@@ -41,24 +39,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 
 import torch
+
+from comlrl_core.models.cpu import c_library
 
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "COMLRL_DECODE_ATTENTION"  # "off" keeps torch's ops
 MAX_GROUPS = 16  # query heads per key/value head (the mix kernel's block of sums)
 MAX_HEAD_DIM = 256
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-_COMPILE_TIMEOUT_S = 120
 
 _SOURCE = r"""
 #include <string.h>
@@ -123,54 +114,6 @@ class _Kernel:
         self.mix.restype = None
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def _openmp_libraries() -> set[str]:
-    """The OpenMP runtimes mapped into this process (by file)."""
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        return {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line or "libomp" in line}
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            return next((line for line in info if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return ""
-
-
-def _library_path(compiler: str) -> str:
-    """Where this source, compiled by ``compiler`` with our flags for this CPU, is kept."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = "\n".join([_SOURCE, compiler, version.splitlines()[0] if version else "", " ".join(_FLAGS)])
-    key += "\n" + platform.machine() + "\n" + _cpu_flags()
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = os.environ.get("COMLRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "comlrl")
-    return os.path.join(root, "kernels", f"decode_attention-{digest}.so")
-
-
-def _build(compiler: str, target: str) -> None:
-    """Compile the source to ``target`` (atomically: a half-written library never loads)."""
-    folder = os.path.dirname(target)
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        source = os.path.join(scratch, "decode_attention.c")
-        with open(source, "w", encoding="utf-8") as handle:
-            handle.write(_SOURCE)
-        built = os.path.join(scratch, "decode_attention.so")
-        result = subprocess.run(
-            [compiler, *_FLAGS, "-o", built, source], capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"{os.path.basename(compiler)} failed: {result.stderr.strip()[-400:]}")
-        os.replace(built, target)
-
-
 def torch_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -202,42 +145,16 @@ def _probe(kernel: _Kernel) -> str | None:
 @functools.cache
 def _kernel() -> _Kernel | str:
     """The loaded, probed kernel, or why there is none (once per process)."""
-    if os.environ.get(ENV_VAR, "").strip().lower() in ("off", "0", "false", "no"):
-        return _skipped(f"{ENV_VAR} is off")
-    if not sys.platform.startswith("linux"):
-        return _skipped("not on Linux")
-    compiler = _compiler()
-    if compiler is None:
-        return _skipped("no C compiler ($CC, cc or gcc)")
-    runtimes = _openmp_libraries()
-    if len(runtimes) != 1 or "libgomp" not in next(iter(runtimes)):
-        return _skipped(f"torch does not run on one GNU OpenMP runtime here ({sorted(runtimes) or 'none found'})")
-    try:
-        path = _library_path(compiler)
-        if not os.path.exists(path):
-            _build(compiler, path)
-        kernel = _Kernel(ctypes.CDLL(path))
-    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
-        return _off(f"it could not be built or loaded: {exc}")
-    if _openmp_libraries() != runtimes:  # it brought a second runtime: two thread pools
-        return _off(f"it loads another OpenMP runtime than torch's ({sorted(_openmp_libraries() - runtimes)})")
-    problem = _probe(kernel)
-    if problem is not None:
-        return _off(problem)
-    logger.info("decoding attention kernel on (%s)", path)
-    return kernel
-
-
-def _skipped(reason: str) -> str:
-    """A machine or a setting without the kernel: expected, so not a warning."""
-    logger.debug("the decoding attention kernel is off: %s", reason)
-    return reason
-
-
-def _off(reason: str) -> str:
-    """The kernel should have run here and did not: one warning."""
-    logger.warning("the decoding attention kernel is off, decoding keeps torch's batched products: %s", reason)
-    return reason
+    return c_library.probed_kernel(
+        "decode_attention",
+        _SOURCE,
+        ENV_VAR,
+        _Kernel,
+        _probe,
+        logger,
+        "decoding attention kernel",
+        "decoding keeps torch's batched products",
+    )
 
 
 def kernel_status() -> str:

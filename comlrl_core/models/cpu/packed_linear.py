@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comlrl_core.models.cpu import fp32_layout
+from comlrl_core.models.cpu import fp32_layout, row_products
 from comlrl_core.models.cpu.model_walk import ModelWalk
 from comlrl_core.models.cpu.sibling_linears import FusedSiblings, sibling_groups
 
@@ -396,15 +396,21 @@ class PackingPlan(NamedTuple):
     sibling_sets: list[list[nn.Linear]]
 
 
-def packing_plan(model: nn.Module, rows: int, new_tokens: int | None, walk: ModelWalk | None = None) -> PackingPlan:
+def packing_plan(
+    model: nn.Module, rows: int, new_tokens: int | None, walk: ModelWalk | None = None, few_row_kernel: bool = False
+) -> PackingPlan:
     """The format :func:`prepacked_linears` packs ``model`` in for a call of ``rows`` rows
     and ``new_tokens`` tokens each, and for oneDNN's the sibling sets it stacks (found once
-    a call). ``walk``: the call's walk of ``model``, if it has one."""
+    a call). ``walk``: the call's walk of ``model``, if it has one. ``few_row_kernel``: the
+    caller's decoding step runs fp32 products of up to ``row_products.MAX_ROWS`` rows on
+    the plain weights through that kernel, so such a call packs nothing where it is on."""
     walk = walk or ModelWalk(model)
     dtype = packing_dtype(model)
     if dtype == torch.bfloat16:
         return PackingPlan(None if new_tokens is not None and not packing_pays(rows, new_tokens) else BF16, [])
     if dtype != torch.float32:
+        return PackingPlan(None, [])
+    if few_row_kernel and rows <= row_products.MAX_ROWS and row_products.kernel_status() == "on":
         return PackingPlan(None, [])
     # a forced MKL layout skips the oneDNN probe and the walk over the layers
     if fp32_layout.forced_layout() != "mkl" and _available(FP32_ONEDNN):
@@ -433,16 +439,21 @@ def packing_plan(model: nn.Module, rows: int, new_tokens: int | None, walk: Mode
 
 @contextlib.contextmanager
 def prepacked_linears(
-    model: nn.Module, rows: int, new_tokens: int | None = None, walk: ModelWalk | None = None
+    model: nn.Module,
+    rows: int,
+    new_tokens: int | None = None,
+    walk: ModelWalk | None = None,
+    few_row_kernel: bool = False,
 ) -> Iterator[bool]:
     """Within the block, no-grad calls of ``model``'s linear layers use weights packed for
     ``rows`` input rows (the decoding batch). Yields whether packing is active. Call it
     inside the autocast region the passes run in (it decides the packing dtype).
     ``new_tokens`` (tokens each row will decode): pack only where it pays (fp32 on MKL:
     :func:`packing_pays`; fp32 on oneDNN: :func:`fp32_layout.layout_for`). ``walk``: the
-    sampling call's walk of ``model``, if it has one (a new one otherwise)."""
+    sampling call's walk of ``model``, if it has one (a new one otherwise).
+    ``few_row_kernel``: see :func:`packing_plan`."""
     walk = walk or ModelWalk(model)
-    packed_format, sibling_sets = packing_plan(model, rows, new_tokens, walk)
+    packed_format, sibling_sets = packing_plan(model, rows, new_tokens, walk, few_row_kernel)
     patched: list[nn.Linear] = []
     try:
         if packed_format is not None:

@@ -1,4 +1,4 @@
-"""Shared helpers of the CPU packing tests."""
+"""Shared helpers of the CPU packing and kernel tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Callable
 
 import pytest
 
-from comlrl_core.models.cpu import fp32_layout, packed_linear
+from comlrl_core.models.cpu import decode_attention, fp32_layout, packed_linear, row_products
 
 
 @pytest.fixture(autouse=True)
@@ -35,3 +35,16 @@ def record_onednn_rows(monkeypatch) -> Callable[[], list[int]]:
         return rows
 
     return start
+
+
+@pytest.fixture
+def fresh_kernel(monkeypatch, tmp_path):
+    """A process that has not looked for the compiled kernels yet, compiling into an empty
+    cache (``tmp_path``); the real (cached) kernels come back afterwards."""
+    monkeypatch.setenv("COMLRL_CACHE", str(tmp_path))
+    kernels = (decode_attention._kernel, row_products._kernel)
+    for kernel in kernels:
+        kernel.cache_clear()
+    yield tmp_path
+    for kernel in kernels:
+        kernel.cache_clear()

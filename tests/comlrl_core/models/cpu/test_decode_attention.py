@@ -13,21 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from comlrl_core.models import lean_ops
-from comlrl_core.models.cpu import decode_attention
+from comlrl_core.models.cpu import c_library, decode_attention
 from comlrl_core.models.hf_policy import TransformersPolicy
 from comlrl_core.policy import GenerationConfig
 
-CAN_BUILD = sys.platform.startswith("linux") and decode_attention._compiler() is not None
-
-
-@pytest.fixture
-def fresh_kernel(monkeypatch, tmp_path):
-    """A process that has not looked for the kernel yet, compiling into an empty cache; the
-    real (cached) kernel comes back afterwards."""
-    monkeypatch.setenv("COMLRL_CACHE", str(tmp_path))
-    decode_attention._kernel.cache_clear()
-    yield tmp_path
-    decode_attention._kernel.cache_clear()
+CAN_BUILD = sys.platform.startswith("linux") and c_library.compiler() is not None
 
 
 def _cache_like(heads: int, groups: int, dim: int, length: int, room: int, padded: int, seed: int):
@@ -149,8 +139,8 @@ def test_the_library_is_built_once_and_kept_per_cpu(fresh_kernel, monkeypatch):
     decode_attention._kernel.cache_clear()
     assert decode_attention.kernel_status() == "on"  # loaded from the cache
     assert sorted((fresh_kernel / "kernels").glob("*.so")) == built
-    monkeypatch.setattr(decode_attention, "_cpu_flags", lambda: "flags : another cpu")
-    assert decode_attention._library_path(decode_attention._compiler()) != str(built[0])
+    monkeypatch.setattr(c_library, "cpu_flags", lambda: "flags : another cpu")
+    assert c_library.library_path("decode_attention", decode_attention._SOURCE, c_library.compiler()) != str(built[0])
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs Linux and a C compiler")
