@@ -14,9 +14,11 @@ alternating each repeat, so a machine whose speed drifts weighs on both):
 
 The layout measurement (``fp32_layout``) decides per row-count class whether oneDNN is used at
 all; its lines are printed at the end (stacked siblings are measured as stacked). Where it
-picks plain MKL layers, both settings run the same code::
+picks plain MKL layers, both settings run the same code. Calls of 1-3 rows pack nothing
+where the few-row kernel is on (``cpu/row_products.py``: both settings would run it), so
+the default batches start at 4; ``COMLRL_ROW_PRODUCTS=off`` brings oneDNN back at 1-3::
 
-    .venv/bin/python bench/sibling_fusion.py --kinds full,lora --batches 1,4,16 --repeats 6
+    .venv/bin/python bench/sibling_fusion.py --kinds full,lora --batches 4,16 --repeats 6
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--kinds", default="full,lora", help="full and/or lora (agent 0 of a 2-agent LoRA team)")
-    parser.add_argument("--batches", default="1,4,16")
+    parser.add_argument("--batches", default="4,16")
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--greedy-tokens", type=int, default=24)

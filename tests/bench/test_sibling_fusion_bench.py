@@ -30,13 +30,13 @@ def test_both_settings_are_measured_at_every_batch_with_the_same_tokens(bench, c
 
     monkeypatch.setattr(packed_linear, "onednn_units", recording_units)
     bench.main(
-        ["--model", "tiny-random", "--kinds", "full,lora", "--batches", "1,3", "--repeats", "2"]
+        ["--model", "tiny-random", "--kinds", "full,lora", "--batches", "4,6", "--repeats", "2"]
         + ["--new-tokens", "6", "--greedy-tokens", "5", "--prompt-tokens", "24"]
     )
     out = capsys.readouterr().out
     assert "CPU: " in out and "UTC" in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| batch")]
-    assert [row.split("|")[1].strip() for row in rows] == ["1", "3", "1", "3"]
+    assert [row.split("|")[1].strip() for row in rows] == ["4", "6", "4", "6"]
     assert all(row.rstrip().endswith("| yes |") for row in rows)  # the same greedy tokens
     assert all(row.count("x |") == 1 for row in rows)  # the ratio of medians
     assert True in flips and False in flips  # both settings really ran
