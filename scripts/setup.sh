@@ -47,10 +47,11 @@ if ! "$VENV/bin/python" -m comlrl_core.models.cpu.allocator --library tcmalloc >
    && command -v apt-get >/dev/null 2>&1; then
   apt_optional "the main job will use glibc's malloc" libtcmalloc-minimal4
 fi
-# A C compiler for the decoding attention kernel (comlrl_core/models/cpu/decode_attention.py,
-# docs/performance.md). Optional: without one, decoding keeps torch's batched products.
+# A C compiler for the CPU kernels (comlrl_core/models/cpu/decode_attention.py and
+# row_products.py, docs/performance.md). Optional: without one, decoding keeps torch's
+# batched attention products and oneDNN's or MKL's few-row products.
 if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  apt_optional "decoding will use torch's batched attention products" gcc libc6-dev
+  apt_optional "decoding will use torch's, oneDNN's and MKL's kernels" gcc libc6-dev
 fi
 if [ "${COMLRL_SKIP_DOCKER:-0}" != "1" ]; then
   bash scripts/setup_docker.sh

@@ -178,25 +178,50 @@ def kernel_status() -> str:
     return "on" if isinstance(found, _Kernel) else found
 
 
+def _weights_fit(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> bool:
+    """fp32 CPU weights, each contiguous ``[out, in]`` of one input width (at most
+    :data:`MAX_WEIGHTS`), each bias None or a contiguous fp32 CPU ``[out]``."""
+    if not 0 < len(weights) <= MAX_WEIGHTS or len(biases) != len(weights):
+        return False
+    width = weights[0].shape[-1] if weights[0].dim() == 2 else -1
+    for weight, bias in zip(weights, biases, strict=True):
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+            return False
+        if weight.shape[1] != width or width == 0 or weight.shape[0] == 0 or not weight.is_contiguous():
+            return False
+        if bias is not None and (
+            bias.dtype != torch.float32 or bias.device.type != "cpu" or bias.shape != (weight.shape[0],)
+        ):
+            return False
+        if bias is not None and not bias.is_contiguous():
+            return False
+    return True
+
+
+def _input_fits(x: torch.Tensor, in_features: int, width: int, out: torch.Tensor | None, tracked: bool) -> bool:
+    """``x [R, in_features]`` (1 <= R <= :data:`MAX_ROWS`, unit column stride) and ``out``
+    (None, or ``[R, width]`` with unit column stride), fp32 CPU tensors, no gradient to
+    track (``tracked``: the weights')."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or not 0 < x.shape[0] <= MAX_ROWS:
+        return False
+    if x.shape[1] != in_features or x.stride(1) != 1 or x.stride(0) < 0:
+        return False
+    if torch.is_grad_enabled() and (tracked or x.requires_grad or (out is not None and out.requires_grad)):
+        return False
+    if out is None:
+        return True
+    if out.dtype != torch.float32 or out.device.type != "cpu" or out.shape != (x.shape[0], width):
+        return False
+    return out.stride(1) == 1 and out.stride(0) >= 0
+
+
 def prepare(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None] | None = None) -> RowOperand | None:
     """``weights`` (and their ``biases``; None: none) prepared for :func:`product`: fp32
     CPU tensors, each weight contiguous ``[out, in]`` of one input width, at most
     :data:`MAX_WEIGHTS` of them. None where the kernel is off or they do not fit it."""
     biases = list(biases) if biases is not None else [None] * len(weights)
-    if not 0 < len(weights) <= MAX_WEIGHTS or len(biases) != len(weights):
+    if not _weights_fit(weights, biases):
         return None
-    width = weights[0].shape[-1] if weights[0].dim() == 2 else -1
-    for weight, bias in zip(weights, biases, strict=True):
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-            return None
-        if weight.shape[1] != width or width == 0 or weight.shape[0] == 0 or not weight.is_contiguous():
-            return None
-        if bias is not None and (
-            bias.dtype != torch.float32 or bias.device.type != "cpu" or bias.shape != (weight.shape[0],)
-        ):
-            return None
-        if bias is not None and not bias.is_contiguous():
-            return None
     kernel = _kernel()
     if not isinstance(kernel, _Kernel):
         return None
@@ -208,18 +233,10 @@ def product(x: torch.Tensor, operand: RowOperand, out: torch.Tensor | None = Non
     weights: ``[R, width]``, the weights' outputs side by side, written into ``out`` (rows
     may be strided; it must not overlap ``x``) or a new tensor. None where ``x`` or ``out``
     does not fit, or gradients would be tracked (the caller runs its own product)."""
-    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or not 0 < x.shape[0] <= MAX_ROWS:
-        return None
-    if x.shape[1] != operand.in_features or x.stride(1) != 1 or x.stride(0) < 0:
-        return None
-    if torch.is_grad_enabled() and (x.requires_grad or operand.tracked):
+    if not _input_fits(x, operand.in_features, operand.width, out, operand.tracked):
         return None
     if out is None:
         out = torch.empty(x.shape[0], operand.width)
-    elif out.dtype != torch.float32 or out.shape != (x.shape[0], operand.width) or out.stride(1) != 1:
-        return None
-    elif out.stride(0) < 0 or out.device.type != "cpu":
-        return None
     operand.run(x, out)
     return out
 
@@ -231,26 +248,14 @@ def row_product(
     a contiguous ``weight [out, in]``, written into ``out`` (``[R, out]``, rows may be
     strided: a column block of a wider buffer) or a new tensor. None where the kernel is
     off or the tensors do not fit it (fp32 CPU tensors without tracked gradients, unit
-    column strides): the caller runs its own product."""
-    if not _fits(x, weight, bias, out):
+    column strides): the caller runs its own product. Everything is checked before the
+    kernel is looked up."""
+    if not _weights_fit([weight], [bias]):
         return None
-    operand = prepare([weight], [bias])
-    return None if operand is None else product(x, operand, out)
-
-
-def _fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> bool:
-    """The checks :func:`row_product` makes before looking the kernel up."""
-    tensors = [t for t in (x, weight, bias, out) if t is not None]
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
-    if x.dim() != 2 or weight.dim() != 2 or not 0 < x.shape[0] <= MAX_ROWS or x.shape[1] != weight.shape[1]:
-        return False
-    if x.shape[1] == 0 or weight.shape[0] == 0 or not weight.is_contiguous() or x.stride(1) != 1 or x.stride(0) < 0:
-        return False
-    if bias is not None and (bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
-        return False
-    if out is not None and (out.shape != (x.shape[0], weight.shape[0]) or out.stride(1) != 1 or out.stride(0) < 0):
-        return False
-    return True
+    tracked = weight.requires_grad or (bias is not None and bias.requires_grad)
+    if not _input_fits(x, weight.shape[1], weight.shape[0], out, tracked):
+        return None
+    kernel = _kernel()
+    if not isinstance(kernel, _Kernel):
+        return None
+    return product(x, RowOperand(kernel, [weight], [bias]), out)  # the weights checked above, not again by prepare

@@ -52,3 +52,24 @@ def _sample_rows(policy, prompts, num_samples, budget, adapters=None, temperatur
 def sample_rows():
     """The sampling call of the prefill tests (see :func:`_sample_rows`)."""
     return _sample_rows
+
+
+@pytest.fixture
+def record_results(monkeypatch):
+    """Call it with ``(owner, name)``: ``owner.name`` is replaced for the test by a wrapper
+    that records, per call, whether the real function gave a result (not None); returns
+    that list. A compiled kernel's entry point returns None where it did not run."""
+
+    def start(owner, name: str) -> list[bool]:
+        calls: list[bool] = []
+        real = getattr(owner, name)
+
+        def recording(*args):
+            out = real(*args)
+            calls.append(out is not None)
+            return out
+
+        monkeypatch.setattr(owner, name, recording)
+        return calls
+
+    return start

@@ -282,30 +282,18 @@ needs_row_kernel = pytest.mark.skipif(
 )
 
 
-def _count_row_products(monkeypatch) -> list[bool]:
-    """One entry per product the step asks of the few-row kernel (True: the kernel ran it)."""
-    calls: list[bool] = []
-    real = row_products.product
-
-    def counted(*args):
-        out = real(*args)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(row_products, "product", counted)
-    return calls
-
-
 @needs_onednn
 @needs_row_kernel
 @pytest.mark.parametrize("rows", [1, 2, 3])
-def test_a_few_row_call_packs_nothing_and_reads_the_plain_weights_through_the_kernel(policy, monkeypatch, rows):
+def test_a_few_row_call_packs_nothing_and_reads_the_plain_weights_through_the_kernel(
+    policy, monkeypatch, record_results, rows
+):
     """At 1-3 rows a call told that its step has the few-row kernel packs nothing (oneDNN's
     layout forced); from its first step every layer runs its four products on the plain
     weights (q/k/v and gate/up as one kernel call each), 4 kernel calls a layer plus the
     output layer's; the logits are the modules' route's and transformers', within rounding."""
     model, decoder, packed_calls = _packed_setup(policy, monkeypatch)
-    kernel_calls = _count_row_products(monkeypatch)
+    kernel_calls = record_results(row_products, "product")  # True: the kernel ran the product
     layers = len(model.model.layers)
     ids, mask = policy._left_pad([policy.encode_prompt(p) for p in PROMPTS[:rows]])
     with torch.no_grad(), packed_linear.prepacked_linears(model, rows=rows, new_tokens=8, few_row_kernel=True):
@@ -362,13 +350,15 @@ def test_four_rows_or_the_kernel_off_pack_as_before(policy, monkeypatch):
 
 @needs_row_kernel
 @pytest.mark.parametrize("names_of", [lambda a, b: [a, b], lambda a, b: [b, a, a], lambda a, b: None])
-def test_a_few_row_lora_team_adds_its_stacked_adapters_to_the_kernels_products(lora_team, monkeypatch, names_of):
+def test_a_few_row_lora_team_adds_its_stacked_adapters_to_the_kernels_products(
+    lora_team, monkeypatch, record_results, names_of
+):
     """Rows of two adapters (or one agent alone) at 1-3 rows: the base products through the
     kernel on the plain weights, each product's adapters stacked and masked per row; the
     logits of the modules' route and of transformers within rounding, and the masks matter."""
     a, b = (member.adapter_name for member in lora_team)
     names = names_of(a, b)
-    kernel_calls = _count_row_products(monkeypatch)
+    kernel_calls = record_results(row_products, "product")  # True: the kernel ran the product
     model = lora_team[0].model
     layers = len(model.get_base_model().model.layers)
     checked = 0
@@ -392,13 +382,13 @@ def test_a_few_row_lora_team_adds_its_stacked_adapters_to_the_kernels_products(l
 
 @needs_onednn
 @needs_row_kernel
-def test_a_one_row_sampling_call_decodes_the_tokens_it_decodes_without_the_kernel(policy, monkeypatch):
+def test_a_one_row_sampling_call_decodes_the_tokens_it_decodes_without_the_kernel(policy, monkeypatch, record_results):
     """Through the policy, oneDNN's layout forced: a one-row greedy call packs nothing and
     runs its steps in the kernel, and picks the tokens the packed products pick with the
     kernel off."""
     monkeypatch.setenv(fp32_layout.ENV_VAR, "onednn")
     packed_calls = _count_packed_forwards(monkeypatch)
-    kernel_calls = _count_row_products(monkeypatch)
+    kernel_calls = record_results(row_products, "product")  # True: the kernel ran the product
     config = GenerationConfig(max_new_tokens=6, temperature=0.0)
     with_kernel = [[c.token_ids for c in group] for group in policy.generate(PROMPTS[1:2], 1, config)]
     assert kernel_calls and all(kernel_calls) and not packed_calls

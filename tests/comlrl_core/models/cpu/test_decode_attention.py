@@ -144,7 +144,7 @@ def test_the_library_is_built_once_and_kept_per_cpu(fresh_kernel, monkeypatch):
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs Linux and a C compiler")
-def test_a_sampling_call_attends_through_it_with_torchs_tokens(monkeypatch):
+def test_a_sampling_call_attends_through_it_with_torchs_tokens(monkeypatch, record_results):
     """Every decoding step's attention in every layer went through the kernel, and greedy
     decoding picks the tokens it picks with torch's ops (the lean step's logits against
     transformers' forward, kernel included: test_lean_decode.py)."""
@@ -152,15 +152,7 @@ def test_a_sampling_call_attends_through_it_with_torchs_tokens(monkeypatch):
     policy = TransformersPolicy.from_source("tiny-random", device="cpu")
     prompts = ["def add(a, b):", "Write a story about a team of agents that", "x"]
     config = GenerationConfig(max_new_tokens=6, temperature=0.0)
-    calls: list[bool] = []
-    real = decode_attention.decode_attention
-
-    def counted(*args):
-        out = real(*args)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(lean_ops, "decode_attention", counted)
+    calls = record_results(lean_ops, "decode_attention")  # True: the kernel attended
     through_kernel = [[c.token_ids for c in group] for group in policy.generate(prompts, 2, config)]
     layers = policy.model.config.num_hidden_layers
     assert calls and all(calls), "a decoding step's attention did not run in the kernel"
